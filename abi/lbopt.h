@@ -1,0 +1,195 @@
+/*
+ * lbopt: low-bit (4-bit, 8-bit, FP8) AdamW/Adam optimizer steps behind a stable C ABI.
+ *
+ * A caller hands its own buffers over as DLPack DLTensors (borrowed, never owned), passes the learning rate as
+ * a host double on every call, and gets a fused, in-place step. Every function returns an lbopt_status (or a
+ * plain value that cannot fail); after a failure lbopt_last_error() says precisely what was wrong, and no
+ * buffer has been written. See docs/abi.md for the full contract.
+ *
+ * C99. The only dependency is <dlpack/dlpack.h>.
+ */
+#ifndef LBOPT_H
+#define LBOPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+/* ABI version. The major is the SONAME (liblbopt.so.<major>); symbols are never removed or changed within a
+ * major, new ones are added in new version-script nodes. meson.build reads these macros. */
+#define LBOPT_VERSION_MAJOR 0
+#define LBOPT_VERSION_MINOR 1
+#define LBOPT_VERSION_PATCH 0
+#define LBOPT_MAKE_VERSION(major, minor, patch) \
+  ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor) << 8) | (uint32_t)(patch)))
+#define LBOPT_VERSION LBOPT_MAKE_VERSION(LBOPT_VERSION_MAJOR, LBOPT_VERSION_MINOR, LBOPT_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define LBOPT_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define LBOPT_API __attribute__((visibility("default")))
+#else
+#define LBOPT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Status codes. Values are explicit and never reused. Anything but LBOPT_OK means nothing was written. */
+typedef enum lbopt_status {
+  LBOPT_OK = 0,
+  LBOPT_ERR_NULL_POINTER = 1,     /* a required pointer (struct, tensor, data, shape) is NULL */
+  LBOPT_ERR_STRUCT_SIZE = 2,      /* struct_size is not one this library knows */
+  LBOPT_ERR_INVALID_VALUE = 3,    /* a hyper-parameter, enum, flag or count is out of range */
+  LBOPT_ERR_DTYPE = 4,            /* unsupported dtype, or dtypes that must agree do not */
+  LBOPT_ERR_DEVICE = 5,           /* tensors of one call on different devices, or a device type not accepted */
+  LBOPT_ERR_SHAPE = 6,            /* shapes or element counts that must agree do not, or a negative dim */
+  LBOPT_ERR_STRIDE = 7,           /* strides that are not compact row-major */
+  LBOPT_ERR_ALIGNMENT = 8,        /* data + byte_offset not aligned to the element size */
+  LBOPT_ERR_BUFFER_SIZE = 9,      /* codes or scales buffer of the wrong size for the state kind and numel */
+  LBOPT_ERR_OVERLAP = 10,         /* a buffer that is written overlaps another buffer of the call */
+  LBOPT_ERR_NONFINITE = 11,       /* NaN/Inf in a tensor to be quantized (it would poison a block scale) */
+  LBOPT_ERR_UNSUPPORTED = 12,     /* well-formed, but this build or machine cannot do it (e.g. no CUDA) */
+  LBOPT_ERR_CUDA = 13,            /* a CUDA runtime error; lbopt_last_error() carries the CUDA text */
+  LBOPT_ERR_OUT_OF_MEMORY = 14,   /* an internal allocation failed */
+  LBOPT_ERR_INTERNAL = 15         /* a bug in lbopt; please report the message */
+} lbopt_status;
+
+/* Static text naming a status ("LBOPT_ERR_DTYPE: ..."); never NULL. */
+LBOPT_API const char* lbopt_status_string(lbopt_status status);
+
+/* The calling thread's message for the last lbopt call it made: "" after a success, a precise sentence naming
+ * the argument after a failure. Valid until the thread's next lbopt call; never NULL. */
+LBOPT_API const char* lbopt_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Version and build. */
+
+/* LBOPT_VERSION of the loaded library; compare its major with LBOPT_VERSION_MAJOR of your header. */
+LBOPT_API uint32_t lbopt_version(void);
+/* "MAJOR.MINOR.PATCH". */
+LBOPT_API const char* lbopt_version_string(void);
+/* A one-line JSON object: version, abi major, CPU kernel target, threads, whether CUDA is compiled in and
+ * usable on this machine, CUDA architectures. Static storage; never NULL. */
+LBOPT_API const char* lbopt_build_info(void);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Optimizer state formats. */
+
+typedef enum lbopt_state_kind {
+  LBOPT_STATE_4BIT = 0, /* block 128: m on the signed dynamic 4-bit map, v on k/16 (k = 1..16); 2 codes/byte */
+  LBOPT_STATE_8BIT = 1, /* block 256: m on the signed dynamic 8-bit map, v on the unsigned dynamic 8-bit map */
+  LBOPT_STATE_FP8 = 2,  /* block 256: float8 e4m3fn codes (saturating), scale = absmax / 448 */
+  LBOPT_STATE_FP32 = 3  /* plain float32 state, no scales */
+} lbopt_state_kind;
+
+/* Which moment a state holds: it selects the codebook (signed for m, non-negative for v and AMSGrad's vmax). */
+typedef enum lbopt_moment {
+  LBOPT_MOMENT_FIRST = 0, /* m, exp_avg */
+  LBOPT_MOMENT_SECOND = 1 /* v, exp_avg_sq, and max_exp_avg_sq */
+} lbopt_moment;
+
+/* Sizes a caller allocates for one state (one moment) of a tensor with numel elements. */
+typedef struct lbopt_layout {
+  uint32_t struct_size;   /* set by lbopt_state_layout */
+  DLDataType codes_dtype; /* uint8 for quantized kinds, float32 for LBOPT_STATE_FP32 */
+  int64_t codes_numel;    /* elements of the codes tensor (4-bit: ceil(numel / 2)) */
+  int64_t codes_bytes;
+  int64_t scales_numel;   /* float32 scales, one per block (0 for LBOPT_STATE_FP32) */
+  int64_t block_size;     /* elements per scale block (0 for LBOPT_STATE_FP32) */
+} lbopt_layout;
+
+LBOPT_API lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out);
+
+/* One optimizer state: codes plus (for quantized kinds) float32 scales. Both are compact tensors of exactly
+ * the sizes lbopt_state_layout gives; their shapes are free. */
+typedef struct lbopt_state {
+  const DLTensor* codes;
+  const DLTensor* scales; /* NULL for LBOPT_STATE_FP32 */
+} lbopt_state;
+
+/* Zero a state (codes and scales), which decodes to exactly 0: the state of a parameter never stepped.
+ * stream: a cudaStream_t for CUDA tensors, ignored on CPU. */
+LBOPT_API lbopt_status lbopt_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream);
+
+/* Quantize a float32 tensor into a state, and back. For checkpoints, inspection, conversion from or to a
+ * torch.optim.AdamW state, or moving between bit widths. quantize refuses NaN/Inf (LBOPT_ERR_NONFINITE) and,
+ * for LBOPT_MOMENT_SECOND, negative values (LBOPT_ERR_INVALID_VALUE), before writing anything. */
+LBOPT_API lbopt_status lbopt_quantize(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* src,
+                                      lbopt_state dst, void* stream);
+LBOPT_API lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment moment, lbopt_state src,
+                                        const DLTensor* dst, void* stream);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* The AdamW / Adam step. */
+
+/* Flags of lbopt_adamw_config. Unknown bits are an error. */
+#define LBOPT_FLAG_ADAM_COUPLED_DECAY 0x1u  /* Adam (L2: g += wd * p) instead of AdamW (p -= lr * wd * p) */
+#define LBOPT_FLAG_AMSGRAD 0x2u             /* keep vmax = max(vmax, v) in slot.vmax and divide by it */
+#define LBOPT_FLAG_MAXIMIZE 0x4u            /* ascend: use -g */
+#define LBOPT_FLAG_BF16_STOCHASTIC_ROUND 0x8u /* round bfloat16 params stochastically (keyed by seed, step,
+                                                  element index), not to nearest; other dtypes unaffected */
+#define LBOPT_FLAG_SKIP_NONFINITE 0x10u     /* a slot whose grad has NaN/Inf is left untouched and reported in
+                                               options.skipped; without it NaN/Inf reaches the param (as in
+                                               torch) but never a quantized state (stored as 0 there) */
+#define LBOPT_FLAGS_ALL 0x1Fu
+
+typedef struct lbopt_adamw_config {
+  uint32_t struct_size;       /* sizeof(lbopt_adamw_config); set by lbopt_adamw_config_init */
+  lbopt_state_kind state_kind; /* default LBOPT_STATE_4BIT */
+  double beta1;               /* [0, 1), default 0.9 */
+  double beta2;               /* [0, 1), default 0.999 */
+  double eps;                 /* > 0, default 1e-8 */
+  double weight_decay;        /* >= 0, default 0.01 */
+  uint32_t flags;             /* LBOPT_FLAG_*, default 0 (AdamW) */
+  uint64_t seed;              /* stochastic rounding key, default 0 */
+} lbopt_adamw_config;
+
+/* Fill *config with the defaults above (and struct_size). */
+LBOPT_API lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config);
+
+/* One parameter tensor and its states. Params and grads are float32, bfloat16 or float16 (the grad dtype may
+ * differ from the param dtype) with identical shapes. The step count is the one this step makes (1 on the
+ * first call); bias corrections are derived from it in double precision. */
+typedef struct lbopt_adamw_slot {
+  uint32_t struct_size;  /* sizeof(lbopt_adamw_slot); the same in every slot of a call */
+  const DLTensor* param; /* read and written */
+  const DLTensor* grad;  /* read */
+  lbopt_state m;         /* read and written */
+  lbopt_state v;         /* read and written */
+  lbopt_state vmax;      /* read and written with LBOPT_FLAG_AMSGRAD; must be {NULL, NULL} without it */
+  int64_t step;          /* >= 1 */
+} lbopt_adamw_slot;
+
+/* Per-call options; pass NULL for none. */
+typedef struct lbopt_step_options {
+  uint32_t struct_size;       /* sizeof(lbopt_step_options); set by lbopt_step_options_init */
+  const DLTensor* grad_scale; /* optional float32 scalar on the step's device: grads are divided by it (AMP) */
+  const DLTensor* found_inf;  /* optional float32 scalar: when nonzero no param or state is written (AMP) */
+  const DLTensor* skipped;    /* optional out: uint8 [n_slots] on the step's device; 1 where a slot was not
+                                 stepped (non-finite grad with LBOPT_FLAG_SKIP_NONFINITE, or found_inf), else 0.
+                                 A caller counting steps per slot should not count those. */
+  void* stream;               /* cudaStream_t for CUDA tensors; ignored on CPU */
+} lbopt_step_options;
+
+LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options);
+
+/* One fused in-place step over n_slots tensors with learning rate lr (finite, >= 0). All tensors of the call
+ * live on one device. The whole call is validated before the first byte is written. */
+LBOPT_API lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
+                                        size_t n_slots, const lbopt_step_options* options);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* CPU threads: the library's own pool (no OpenMP, so it cannot fight a host framework's runtime). Default: the
+ * LBOPT_NUM_THREADS environment variable, else all online cores. n >= 1; 0 restores the default. */
+LBOPT_API lbopt_status lbopt_set_num_threads(int n);
+LBOPT_API int lbopt_get_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LBOPT_H */

@@ -1,0 +1,156 @@
+// Portable C++ CPU kernels around the shared per-element and per-value math.
+#include <string.h>
+
+#include <algorithm>
+
+#include "../adamw_element.h"
+#include "../dtype_convert.h"
+#include "kernels_cpu.h"
+
+namespace lbopt::cpu {
+namespace {
+
+constexpr int64_t kMaxBlock = 256;
+
+struct F32 {
+  using T = float;
+  static float load(const T* p, int64_t i) { return p[i]; }
+  static void store(T* p, int64_t i, float x) { p[i] = x; }
+};
+struct BF16 {
+  using T = uint16_t;
+  static float load(const T* p, int64_t i) { return bf16_to_float(p[i]); }
+  static void store(T* p, int64_t i, float x) { p[i] = float_to_bf16(x); }
+};
+struct F16 {
+  using T = uint16_t;
+  static float load(const T* p, int64_t i) { return f16_to_float(p[i]); }
+  static void store(T* p, int64_t i, float x) { p[i] = float_to_f16(x); }
+};
+
+// Decode n values of a state block starting at element start into out.
+void load_state(const StateCodec& codec, StateRef st, int64_t block, int64_t start, int64_t n, float* out) {
+  if (codec.kind == kStateFp32) {
+    memcpy(out, static_cast<const float*>(st.codes) + start, size_t(n) * sizeof(float));
+    return;
+  }
+  const float scale = st.scales[block];
+  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t code = codec.kind == kState4Bit ? nibble_get(codes, start + i) : codes[start + i];
+    out[i] = codec.decode(code, scale);
+  }
+}
+
+// Quantize n values (a whole block) with a fresh absmax scale; non-finite values are stored as 0.
+void store_state(const StateCodec& codec, StateRef st, int64_t block, int64_t start, int64_t n, const float* in) {
+  if (codec.kind == kStateFp32) {
+    memcpy(static_cast<float*>(st.codes) + start, in, size_t(n) * sizeof(float));
+    return;
+  }
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, fabsf(finite_or_zero(in[i])));
+  const float scale = codec.scale_for(absmax);
+  st.scales[block] = scale;
+  uint8_t* codes = static_cast<uint8_t*>(st.codes);
+  if (codec.kind == kState4Bit) {
+    // start is even (blocks are 128 elements); an odd tail leaves the last low nibble 0
+    for (int64_t i = 0; i < n; i += 2) {
+      const uint32_t hi = codec.encode(finite_or_zero(in[i]), scale);
+      const uint32_t lo = i + 1 < n ? codec.encode(finite_or_zero(in[i + 1]), scale) : 0u;
+      codes[(start + i) >> 1] = uint8_t((hi << 4) | lo);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) codes[start + i] = uint8_t(codec.encode(finite_or_zero(in[i]), scale));
+  }
+}
+
+template <class P, class G>
+void adamw_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
+  const StateCodec cm = host_codec(flags.kind, false);
+  const StateCodec cv = host_codec(flags.kind, true);
+  const StepScalars& s = slot.scalars;
+  const int64_t bs = work_block_size(flags.kind);
+  auto* param = static_cast<typename P::T*>(slot.param);
+  const auto* grad = static_cast<const typename G::T*>(slot.grad);
+  const bool sr = flags.stochastic_round && sizeof(typename P::T) == 2 && slot.param_dtype == kBfloat16;
+
+  float m[kMaxBlock], v[kMaxBlock], vmax[kMaxBlock];
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const int64_t start = b * bs;
+    const int64_t n = std::min(bs, slot.numel - start);
+    load_state(cm, slot.m, b, start, n, m);
+    load_state(cv, slot.v, b, start, n, v);
+    if (s.amsgrad) load_state(cv, slot.vmax, b, start, n, vmax);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = start + i;
+      float p = P::load(param, e);
+      adamw_element(s, p, G::load(grad, e), m[i], v[i], vmax[i]);
+      if (sr) {
+        reinterpret_cast<uint16_t*>(param)[e] =
+            float_to_bf16_stochastic(p, random_bits(flags.seed, uint64_t(slot.step), uint64_t(e)));
+      } else {
+        P::store(param, e, p);
+      }
+    }
+    store_state(cm, slot.m, b, start, n, m);
+    store_state(cv, slot.v, b, start, n, v);
+    if (s.amsgrad) store_state(cv, slot.vmax, b, start, n, vmax);
+  }
+}
+
+template <class P>
+void adamw_param(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  switch (slot.grad_dtype) {
+    case kFloat32: return adamw_typed<P, F32>(slot, flags, b0, b1);
+    case kBfloat16: return adamw_typed<P, BF16>(slot, flags, b0, b1);
+    case kFloat16: return adamw_typed<P, F16>(slot, flags, b0, b1);
+  }
+}
+
+template <class G>
+bool any_nonfinite(const void* grad, int64_t begin, int64_t end) {
+  const auto* g = static_cast<const typename G::T*>(grad);
+  bool bad = false;
+  for (int64_t i = begin; i < end; ++i) bad |= !isfinite(G::load(g, i));
+  return bad;
+}
+
+}  // namespace
+
+void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
+  switch (slot.param_dtype) {
+    case kFloat32: return adamw_param<F32>(slot, flags, block_begin, block_end);
+    case kBfloat16: return adamw_param<BF16>(slot, flags, block_begin, block_end);
+    case kFloat16: return adamw_param<F16>(slot, flags, block_begin, block_end);
+  }
+}
+
+bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end) {
+  switch (dtype) {
+    case kFloat32: return any_nonfinite<F32>(grad, begin, end);
+    case kBfloat16: return any_nonfinite<BF16>(grad, begin, end);
+    case kFloat16: return any_nonfinite<F16>(grad, begin, end);
+  }
+  return true;
+}
+
+void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t block_begin,
+                     int64_t block_end) {
+  const int64_t bs = work_block_size(codec.kind);
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const int64_t start = b * bs;
+    store_state(codec, dst, b, start, std::min(bs, numel - start), src + start);
+  }
+}
+
+void dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t block_begin,
+                       int64_t block_end) {
+  const int64_t bs = work_block_size(codec.kind);
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const int64_t start = b * bs;
+    load_state(codec, src, b, start, std::min(bs, numel - start), dst + start);
+  }
+}
+
+}  // namespace lbopt::cpu

@@ -1,0 +1,28 @@
+// CPU kernels: each processes a range of work blocks of one tensor; src/backend_cpu.cpp spreads the ranges of
+// all tensors of a call over the thread pool. Blocks are independent, so any split gives identical results.
+#pragma once
+#include <stdint.h>
+
+#include "../quant.h"
+#include "../step_args.h"
+
+namespace lbopt::cpu {
+
+struct StepFlags {
+  int kind;
+  bool stochastic_round;  // bfloat16 params only
+  uint64_t seed;
+};
+
+void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
+
+// True if any element of grad[begin, end) is NaN or Inf.
+bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end);
+
+// float32 <-> state over whole blocks [block_begin, block_end) of a tensor with numel elements.
+void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t block_begin,
+                     int64_t block_end);
+void dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t block_begin,
+                       int64_t block_end);
+
+}  // namespace lbopt::cpu

@@ -1,0 +1,105 @@
+// Per-value and per-block quantization of optimizer states (ALGORITHMS.md sections 1-3): how a float becomes a
+// code under a block scale and back. The CPU and CUDA backends differ only in how they loop and reduce.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "codebooks.h"
+#include "dtype_convert.h"
+#include "hd.h"
+
+namespace lbopt {
+
+// Encoded kinds; values match lbopt_state_kind.
+enum StateKind : int { kState4Bit = 0, kState8Bit = 1, kStateFp8 = 2, kStateFp32 = 3 };
+
+// Elements per scale; 0 for the unblocked FP32 kind.
+LBOPT_HD int64_t state_block_size(int kind) {
+  return kind == kState4Bit ? 128 : (kind == kStateFp32 ? 0 : 256);
+}
+
+// Elements per unit of work: the scale block, and a chunk of the same order for FP32.
+LBOPT_HD int64_t work_block_size(int kind) { return kind == kStateFp32 ? 256 : state_block_size(kind); }
+
+// Non-finite values never enter a quantized state: one NaN would poison its block's absmax forever.
+LBOPT_HD float finite_or_zero(float x) { return isfinite(x) ? x : 0.0f; }
+
+// Number of decision midpoints <= x: the nearest code, ties up (torchao). mids holds n entries, the last +inf,
+// n a power of two, so the search is branch-free with log2(n) steps.
+LBOPT_HD uint32_t codebook_encode(const float* mids, uint32_t n, float x) {
+  uint32_t idx = 0;
+  for (uint32_t step = n >> 1; step > 0; step >>= 1) idx += (mids[idx + step - 1] <= x) ? step : 0u;
+  return idx;
+}
+
+// float8 e4m3fn with round-to-nearest-even and saturation to +-448 (a plain cast can make NaN past 448).
+LBOPT_HD uint8_t fp8_e4m3_encode(float x) {
+  const uint8_t sign = uint8_t((float_bits(x) >> 24) & 0x80u);
+  float a = fabsf(x);
+  if (!(a < 448.0f)) a = 448.0f;          // saturate (NaN too; callers pass finite values)
+  if (a < 0.015625f) {                     // below 2^-6: subnormal steps of 2^-9; 8 * 2^-9 is the code 0x08
+    return uint8_t(sign | uint8_t(rintf(a * 512.0f)));
+  }
+  uint32_t b = float_bits(a);
+  b += 0x7ffffu + ((b >> 20) & 1u);        // round the 23-bit mantissa to 3 bits, nearest even
+  const uint32_t code = (((b >> 23) - 120u) << 3) | ((b >> 20) & 7u);
+  return uint8_t(sign | (code > 0x7eu ? 0x7eu : code));
+}
+
+LBOPT_HD float fp8_e4m3_decode(uint8_t c) {
+  const uint32_t exp = (c >> 3) & 0xfu;
+  const uint32_t mant = c & 7u;
+  const float mag = exp == 0 ? float(mant) * 0.001953125f : bits_float(((exp + 120u) << 23) | (mant << 20));
+  return (c & 0x80u) ? -mag : mag;
+}
+
+// 4-bit codes: element 2i in the high nibble, 2i+1 in the low one (torchao's packing).
+LBOPT_HD uint32_t nibble_get(const uint8_t* codes, int64_t i) {
+  return (codes[i >> 1] >> ((i & 1) ? 0 : 4)) & 0xfu;
+}
+
+// How one state (a kind and a moment) maps floats to codes. Table pointers are supplied by the backend (host
+// arrays on the CPU, constant memory on the GPU).
+struct StateCodec {
+  int kind;
+  const float* values;  // codebook (unused for FP8 / FP32)
+  const float* mids;
+  uint32_t entries;     // 16 or 256
+  bool nonneg;          // second moment: a positive value must not decode to 0 (the zero-point problem)
+
+  // The block scale stored for a block whose finite absmax is absmax.
+  LBOPT_HD float scale_for(float absmax) const {
+    const float s = absmax > 1e-12f ? absmax : 1e-12f;
+    return kind == kStateFp8 ? s / 448.0f : s;
+  }
+
+  LBOPT_HD uint32_t encode(float x, float scale) const {
+    const float y = x / scale;
+    uint32_t code = kind == kStateFp8 ? fp8_e4m3_encode(y) : codebook_encode(mids, entries, y);
+    // Maps whose code 0 is the value 0 (8-bit unsigned, e4m3) would flush a tiny positive v to 0 and blow up
+    // m / sqrt(v); the smallest positive code is one code step away and keeps the update bounded.
+    if (nonneg && code == 0 && y > 0.0f) code = 1;
+    return code;
+  }
+
+  LBOPT_HD float decode(uint32_t code, float scale) const {
+    return (kind == kStateFp8 ? fp8_e4m3_decode(uint8_t(code)) : values[code]) * scale;
+  }
+};
+
+// The codec of (kind, second_moment) over the host tables.
+inline StateCodec host_codec(int kind, bool second_moment) {
+  using namespace codebook;
+  switch (kind) {
+    case kState4Bit:
+      return second_moment ? StateCodec{kind, kUnsigned4Values, kUnsigned4Mids, 16, true}
+                           : StateCodec{kind, kSigned4Values, kSigned4Mids, 16, false};
+    case kState8Bit:
+      return second_moment ? StateCodec{kind, kUnsigned8Values, kUnsigned8Mids, 256, true}
+                           : StateCodec{kind, kSigned8Values, kSigned8Mids, 256, false};
+    default:
+      return StateCodec{kind, nullptr, nullptr, 0, second_moment};
+  }
+}
+
+}  // namespace lbopt

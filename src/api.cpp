@@ -1,0 +1,128 @@
+// The C entry points: argument checks (validate.cpp), then a backend call. Nothing else lives here, and no C++
+// exception leaves: anything thrown becomes a status.
+#include <new>
+
+#include "backend.h"
+#include "error.h"
+#include "lbopt.h"
+#include "thread_pool.h"
+#include "validate.h"
+#include "../kernels/quant.h"
+
+namespace lbopt {
+namespace {
+
+template <class F>
+lbopt_status guarded(F&& body) {
+  clear_error();
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(LBOPT_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(LBOPT_ERR_INTERNAL, "unexpected exception: %s", e.what());
+  } catch (...) {
+    return fail(LBOPT_ERR_INTERNAL, "unexpected exception");
+  }
+}
+
+}  // namespace
+}  // namespace lbopt
+
+using namespace lbopt;
+
+extern "C" {
+
+lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out) {
+  return guarded([&] {
+    if (!out) return fail(LBOPT_ERR_NULL_POINTER, "out: pointer is NULL");
+    LBOPT_TRY(validate_kind(kind, "kind"));
+    if (numel < 0) return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is negative", (long long)numel);
+    const int64_t block = state_block_size(kind);
+    lbopt_layout l{};
+    l.struct_size = sizeof(lbopt_layout);
+    l.block_size = block;
+    if (kind == LBOPT_STATE_FP32) {
+      l.codes_dtype = DLDataType{kDLFloat, 32, 1};
+      l.codes_numel = numel;
+      l.codes_bytes = numel * 4;
+    } else {
+      l.codes_dtype = DLDataType{kDLUInt, 8, 1};
+      l.codes_numel = kind == LBOPT_STATE_4BIT ? numel / 2 + numel % 2 : numel;
+      l.codes_bytes = l.codes_numel;
+      l.scales_numel = numel / block + (numel % block != 0);
+    }
+    *out = l;
+    return LBOPT_OK;
+  });
+}
+
+lbopt_status lbopt_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream) {
+  return guarded([&] {
+    ConvertPlan plan;
+    LBOPT_TRY(validate_state_init(kind, numel, state, stream, &plan));
+    return backend_for(plan.device).state_init(plan);
+  });
+}
+
+lbopt_status lbopt_quantize(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* src, lbopt_state dst,
+                            void* stream) {
+  return guarded([&] {
+    ConvertPlan plan;
+    LBOPT_TRY(validate_convert(kind, moment, src, dst, true, stream, &plan));
+    return backend_for(plan.device).quantize(plan);
+  });
+}
+
+lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment moment, lbopt_state src, const DLTensor* dst,
+                              void* stream) {
+  return guarded([&] {
+    ConvertPlan plan;
+    LBOPT_TRY(validate_convert(kind, moment, dst, src, false, stream, &plan));
+    return backend_for(plan.device).dequantize(plan);
+  });
+}
+
+lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config) {
+  return guarded([&] {
+    if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+    *config = lbopt_adamw_config{};
+    config->struct_size = sizeof(lbopt_adamw_config);
+    config->state_kind = LBOPT_STATE_4BIT;
+    config->beta1 = 0.9;
+    config->beta2 = 0.999;
+    config->eps = 1e-8;
+    config->weight_decay = 0.01;
+    return LBOPT_OK;
+  });
+}
+
+lbopt_status lbopt_step_options_init(lbopt_step_options* options) {
+  return guarded([&] {
+    if (!options) return fail(LBOPT_ERR_NULL_POINTER, "options: pointer is NULL");
+    *options = lbopt_step_options{};
+    options->struct_size = sizeof(lbopt_step_options);
+    return LBOPT_OK;
+  });
+}
+
+lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
+                              size_t n_slots, const lbopt_step_options* options) {
+  return guarded([&] {
+    thread_local StepPlan plan;  // reused: a warm step allocates nothing
+    LBOPT_TRY(validate_step(config, lr, slots, n_slots, options, &plan));
+    return backend_for(plan.device).adamw_step(plan);
+  });
+}
+
+lbopt_status lbopt_set_num_threads(int n) {
+  return guarded([&] {
+    if (n < 0) return fail(LBOPT_ERR_INVALID_VALUE, "n = %d must be >= 0 (0 restores the default)", n);
+    set_num_threads(n);
+    return LBOPT_OK;
+  });
+}
+
+int lbopt_get_num_threads(void) { return num_threads(); }
+
+}  // extern "C"

@@ -1,0 +1,23 @@
+// Version and build description.
+#include <stdio.h>
+
+#include "lbopt.h"
+#include "thread_pool.h"
+
+#define LBOPT_STR2(x) #x
+#define LBOPT_STR(x) LBOPT_STR2(x)
+
+extern "C" uint32_t lbopt_version(void) { return LBOPT_VERSION; }
+
+extern "C" const char* lbopt_version_string(void) {
+  return LBOPT_STR(LBOPT_VERSION_MAJOR) "." LBOPT_STR(LBOPT_VERSION_MINOR) "." LBOPT_STR(LBOPT_VERSION_PATCH);
+}
+
+extern "C" const char* lbopt_build_info(void) {
+  thread_local char info[256];
+  snprintf(info, sizeof info,
+           "{\"version\":\"%s\",\"abi\":%d,\"cpu_kernels\":\"portable\",\"threads\":%d,"
+           "\"cuda_compiled\":false,\"cuda_usable\":false,\"cuda_archs\":\"\"}",
+           lbopt_version_string(), LBOPT_VERSION_MAJOR, lbopt::num_threads());
+  return info;
+}

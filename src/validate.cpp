@@ -1,0 +1,363 @@
+#include "validate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "../kernels/quant.h"
+#include "error.h"
+
+namespace lbopt {
+namespace {
+
+enum class Access { kRead, kWrite };
+
+// What a tensor argument may be.
+enum class Want { kParam, kCodes, kScales, kFloat32, kFlags };
+
+struct Range {
+  uintptr_t begin, end;
+  bool written;
+  char name[40];
+};
+
+const char* dtype_name(DLDataType t, char* buf, size_t size) {
+  if (t.lanes == 1) {
+    if (t.code == kDLFloat && t.bits == 32) return "float32";
+    if (t.code == kDLFloat && t.bits == 16) return "float16";
+    if (t.code == kDLBfloat && t.bits == 16) return "bfloat16";
+    if (t.code == kDLUInt && t.bits == 8) return "uint8";
+  }
+  snprintf(buf, size, "(code %u, bits %u, lanes %u)", unsigned(t.code), unsigned(t.bits), unsigned(t.lanes));
+  return buf;
+}
+
+bool is(DLDataType t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
+
+bool to_dtype(DLDataType t, Dtype* out) {
+  if (is(t, kDLFloat, 32)) *out = kFloat32;
+  else if (is(t, kDLBfloat, 16)) *out = kBfloat16;
+  else if (is(t, kDLFloat, 16)) *out = kFloat16;
+  else return false;
+  return true;
+}
+
+// Checks every tensor of one call against the same device and collects byte ranges for the overlap check.
+class CallChecker {
+ public:
+  CallChecker() { ranges().clear(); }
+
+  struct View {
+    uint8_t* data = nullptr;
+    int64_t numel = 0;
+    DLDataType dtype{};
+  };
+
+  lbopt_status tensor(const DLTensor* t, const char* name, Want want, Access access, View* out) {
+    if (!t) return fail(LBOPT_ERR_NULL_POINTER, "%s: tensor pointer is NULL", name);
+    char buf[48];
+    // dtype
+    const DLDataType dt = t->dtype;
+    Dtype unused;
+    const bool dtype_ok = want == Want::kParam ? to_dtype(dt, &unused)
+                          : want == Want::kCodes ? (is(dt, kDLUInt, 8) || is(dt, kDLFloat, 32))
+                          : want == Want::kFlags ? is(dt, kDLUInt, 8)
+                                                 : is(dt, kDLFloat, 32);
+    if (!dtype_ok) {
+      const char* allowed = want == Want::kParam ? "float32, bfloat16 or float16"
+                            : want == Want::kCodes ? "uint8 (quantized) or float32 (LBOPT_STATE_FP32)"
+                            : want == Want::kFlags ? "uint8"
+                                                   : "float32";
+      return fail(LBOPT_ERR_DTYPE, "%s: dtype %s is not supported here (expected %s)", name,
+                  dtype_name(dt, buf, sizeof buf), allowed);
+    }
+    // shape and element count
+    if (t->ndim < 0) return fail(LBOPT_ERR_SHAPE, "%s: ndim %d is negative", name, t->ndim);
+    if (t->ndim > 0 && !t->shape) return fail(LBOPT_ERR_NULL_POINTER, "%s: shape is NULL with ndim %d", name, t->ndim);
+    int64_t numel = 1;
+    for (int d = 0; d < t->ndim; ++d) {
+      const int64_t n = t->shape[d];
+      if (n < 0) return fail(LBOPT_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d, (long long)n);
+      if (n != 0 && numel > INT64_MAX / n)
+        return fail(LBOPT_ERR_SHAPE, "%s: element count overflows int64", name);
+      numel *= n;
+    }
+    // strides: NULL or compact row-major (a dimension of extent 1 may carry any stride)
+    if (t->strides && numel > 0) {
+      int64_t expected = 1;
+      for (int d = t->ndim - 1; d >= 0; --d) {
+        if (t->shape[d] != 1 && t->strides[d] != expected)
+          return fail(LBOPT_ERR_STRIDE, "%s: strides[%d] = %lld, compact row-major needs %lld", name, d,
+                      (long long)t->strides[d], (long long)expected);
+        expected *= t->shape[d];
+      }
+    }
+    const int64_t elem = dt.bits / 8;
+    if (numel > INT64_MAX / elem) return fail(LBOPT_ERR_SHAPE, "%s: byte size overflows int64", name);
+    // device
+    Device dev;
+    switch (t->device.device_type) {
+      case kDLCPU:
+      case kDLCUDAHost: dev = {DeviceClass::kHost, 0}; break;
+      case kDLCUDA: dev = {DeviceClass::kCuda, t->device.device_id}; break;
+      default:
+        return fail(LBOPT_ERR_DEVICE, "%s: device type %d is not supported (CPU, CUDAHost or CUDA)", name,
+                    int(t->device.device_type));
+    }
+    if (!have_device_) {
+      device_ = dev;
+      have_device_ = true;
+      first_name_ = name;
+    } else if (dev.cls != device_.cls || dev.id != device_.id) {
+      return fail(LBOPT_ERR_DEVICE, "%s: on %s:%d but %s is on %s:%d; one call uses one device", name,
+                  dev.cls == DeviceClass::kCuda ? "cuda" : "cpu", dev.id,
+                  first_name_, device_.cls == DeviceClass::kCuda ? "cuda" : "cpu", device_.id);
+    }
+    // data and alignment
+    if (!t->data && numel > 0) return fail(LBOPT_ERR_NULL_POINTER, "%s: data is NULL", name);
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    if (addr < reinterpret_cast<uintptr_t>(t->data))
+      return fail(LBOPT_ERR_ALIGNMENT, "%s: byte_offset %llu wraps the address space", name,
+                  (unsigned long long)t->byte_offset);
+    if (addr % uintptr_t(elem) != 0)
+      return fail(LBOPT_ERR_ALIGNMENT, "%s: data + byte_offset (%llu) is not aligned to its %lld-byte elements",
+                  name, (unsigned long long)t->byte_offset, (long long)elem);
+    if (numel > 0) {
+      Range r{addr, addr + uintptr_t(numel * elem), access == Access::kWrite, {}};
+      snprintf(r.name, sizeof r.name, "%s", name);
+      ranges().push_back(r);
+    }
+    out->data = reinterpret_cast<uint8_t*>(addr);
+    out->numel = numel;
+    out->dtype = dt;
+    return LBOPT_OK;
+  }
+
+  // After all tensors: no written range may overlap any other range. Sorted by start, an overlap exists iff some
+  // range starts before the furthest end seen so far, with either side written.
+  lbopt_status check_overlaps() {
+    std::vector<Range>& rs = ranges();
+    std::sort(rs.begin(), rs.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    const Range* far_any = nullptr;
+    const Range* far_written = nullptr;
+    for (const Range& r : rs) {
+      const Range* hit = nullptr;
+      if (far_written && r.begin < far_written->end) hit = far_written;
+      else if (r.written && far_any && r.begin < far_any->end) hit = far_any;
+      if (hit) return fail(LBOPT_ERR_OVERLAP, "%s overlaps %s; written buffers must not alias", r.name, hit->name);
+      if (!far_any || r.end > far_any->end) far_any = &r;
+      if (r.written && (!far_written || r.end > far_written->end)) far_written = &r;
+    }
+    return LBOPT_OK;
+  }
+
+  lbopt_status device_supported() const {
+    if (!have_device_ || device_.cls == DeviceClass::kHost) return LBOPT_OK;
+    return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but this build of lbopt has no CUDA backend",
+                first_name_, device_.id);
+  }
+
+  Device device() const { return device_; }
+
+ private:
+  // Reused between calls: validation allocates nothing once warm.
+  static std::vector<Range>& ranges() {
+    thread_local std::vector<Range> r;
+    return r;
+  }
+
+  Device device_{};
+  bool have_device_ = false;
+  const char* first_name_ = "";
+};
+
+// Codes and scales of one state, sized for kind and numel.
+lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state st, const char* name, Access access,
+                         StateRef* out) {
+  char field[40];
+  lbopt_layout layout;
+  lbopt_state_layout(lbopt_state_kind(kind), numel, &layout);
+  CallChecker::View codes, scales;
+  snprintf(field, sizeof field, "%s.codes", name);
+  LBOPT_TRY(ck.tensor(st.codes, field, Want::kCodes, access, &codes));
+  const bool want_float = kind == kStateFp32;
+  if (is(codes.dtype, kDLFloat, 32) != want_float)
+    return fail(LBOPT_ERR_DTYPE, "%s: dtype must be %s for this state kind", field, want_float ? "float32" : "uint8");
+  if (codes.numel != layout.codes_numel)
+    return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld", field,
+                (long long)codes.numel, (long long)numel, (long long)layout.codes_numel);
+  snprintf(field, sizeof field, "%s.scales", name);
+  if (kind == kStateFp32) {
+    if (st.scales) return fail(LBOPT_ERR_INVALID_VALUE, "%s: must be NULL for LBOPT_STATE_FP32", field);
+  } else {
+    if (!st.scales) return fail(LBOPT_ERR_NULL_POINTER, "%s: tensor pointer is NULL", field);
+    LBOPT_TRY(ck.tensor(st.scales, field, Want::kScales, access, &scales));
+    if (scales.numel != layout.scales_numel)
+      return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld", field,
+                  (long long)scales.numel, (long long)numel, (long long)layout.scales_numel);
+  }
+  out->codes = codes.data;
+  out->scales = reinterpret_cast<float*>(scales.data);
+  return LBOPT_OK;
+}
+
+lbopt_status check_unit_interval(double x, const char* name) {
+  if (!(x >= 0.0 && x < 1.0)) return fail(LBOPT_ERR_INVALID_VALUE, "%s = %g is outside [0, 1)", name, x);
+  return LBOPT_OK;
+}
+
+lbopt_status check_config(const lbopt_adamw_config* c) {
+  if (!c) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+  if (c->struct_size != sizeof(lbopt_adamw_config))
+    return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use lbopt_adamw_config_init)",
+                c->struct_size, sizeof(lbopt_adamw_config));
+  LBOPT_TRY(validate_kind(c->state_kind, "config.state_kind"));
+  LBOPT_TRY(check_unit_interval(c->beta1, "config.beta1"));
+  LBOPT_TRY(check_unit_interval(c->beta2, "config.beta2"));
+  if (!(c->eps > 0.0 && isfinite(c->eps)))
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.eps = %g must be finite and > 0", c->eps);
+  if (!(c->weight_decay >= 0.0 && isfinite(c->weight_decay)))
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.weight_decay = %g must be finite and >= 0", c->weight_decay);
+  if (c->flags & ~LBOPT_FLAGS_ALL)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", c->flags,
+                c->flags & ~LBOPT_FLAGS_ALL);
+  return LBOPT_OK;
+}
+
+lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, const float** out) {
+  if (!t) return LBOPT_OK;
+  CallChecker::View v;
+  LBOPT_TRY(ck.tensor(t, name, Want::kFloat32, Access::kRead, &v));
+  if (v.numel != 1) return fail(LBOPT_ERR_SHAPE, "%s: has %lld elements, expected 1", name, (long long)v.numel);
+  *out = reinterpret_cast<const float*>(v.data);
+  return LBOPT_OK;
+}
+
+}  // namespace
+
+lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
+  if (int(kind) < LBOPT_STATE_4BIT || int(kind) > LBOPT_STATE_FP32)
+    return fail(LBOPT_ERR_INVALID_VALUE, "%s = %d is not an lbopt_state_kind", name, int(kind));
+  return LBOPT_OK;
+}
+
+lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
+                           size_t n_slots, const lbopt_step_options* options, StepPlan* plan) {
+  LBOPT_TRY(check_config(config));
+  if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
+  if (n_slots == 0) return fail(LBOPT_ERR_INVALID_VALUE, "n_slots: is 0; a step needs at least one slot");
+  if (!slots) return fail(LBOPT_ERR_NULL_POINTER, "slots: pointer is NULL with n_slots = %zu", n_slots);
+  if (options && options->struct_size != sizeof(lbopt_step_options))
+    return fail(LBOPT_ERR_STRUCT_SIZE, "options.struct_size = %u, this library knows %zu (use lbopt_step_options_init)",
+                options->struct_size, sizeof(lbopt_step_options));
+
+  const int kind = config->state_kind;
+  const bool amsgrad = config->flags & LBOPT_FLAG_AMSGRAD;
+  CallChecker ck;
+  plan->slots.clear();
+  plan->slots.reserve(n_slots);
+  char name[40];
+  for (size_t i = 0; i < n_slots; ++i) {
+    const lbopt_adamw_slot& s = slots[i];
+    if (s.struct_size != sizeof(lbopt_adamw_slot))
+      return fail(LBOPT_ERR_STRUCT_SIZE, "slots[%zu].struct_size = %u, this library knows %zu", i, s.struct_size,
+                  sizeof(lbopt_adamw_slot));
+    if (s.step < 1) return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].step = %lld must be >= 1", i, (long long)s.step);
+    StepSlot out;
+    CallChecker::View p, g;
+    snprintf(name, sizeof name, "slots[%zu].param", i);
+    LBOPT_TRY(ck.tensor(s.param, name, Want::kParam, Access::kWrite, &p));
+    snprintf(name, sizeof name, "slots[%zu].grad", i);
+    LBOPT_TRY(ck.tensor(s.grad, name, Want::kParam, Access::kRead, &g));
+    if (s.param->ndim != s.grad->ndim ||
+        (s.param->ndim > 0 && memcmp(s.param->shape, s.grad->shape, sizeof(int64_t) * size_t(s.param->ndim)) != 0))
+      return fail(LBOPT_ERR_SHAPE, "slots[%zu].grad: shape differs from the param's (%d-d, %lld elements vs %d-d, "
+                  "%lld elements)", i, s.grad->ndim, (long long)g.numel, s.param->ndim, (long long)p.numel);
+    to_dtype(p.dtype, &out.param_dtype);
+    to_dtype(g.dtype, &out.grad_dtype);
+    out.param = p.data;
+    out.grad = g.data;
+    out.numel = p.numel;
+    out.step = s.step;
+    snprintf(name, sizeof name, "slots[%zu].m", i);
+    LBOPT_TRY(check_state(ck, kind, p.numel, s.m, name, Access::kWrite, &out.m));
+    snprintf(name, sizeof name, "slots[%zu].v", i);
+    LBOPT_TRY(check_state(ck, kind, p.numel, s.v, name, Access::kWrite, &out.v));
+    snprintf(name, sizeof name, "slots[%zu].vmax", i);
+    if (amsgrad) {
+      LBOPT_TRY(check_state(ck, kind, p.numel, s.vmax, name, Access::kWrite, &out.vmax));
+    } else if (s.vmax.codes || s.vmax.scales) {
+      return fail(LBOPT_ERR_INVALID_VALUE, "%s: given without LBOPT_FLAG_AMSGRAD; pass {NULL, NULL}", name);
+    }
+    plan->slots.push_back(out);
+  }
+  plan->grad_scale = plan->found_inf = nullptr;
+  plan->skipped = nullptr;
+  plan->stream = nullptr;
+  if (options) {
+    LBOPT_TRY(check_scalar(ck, options->grad_scale, "options.grad_scale", &plan->grad_scale));
+    LBOPT_TRY(check_scalar(ck, options->found_inf, "options.found_inf", &plan->found_inf));
+    if (options->skipped) {
+      CallChecker::View v;
+      LBOPT_TRY(ck.tensor(options->skipped, "options.skipped", Want::kFlags, Access::kWrite, &v));
+      if (v.numel != int64_t(n_slots))
+        return fail(LBOPT_ERR_SHAPE, "options.skipped: has %lld elements, expected n_slots = %zu", (long long)v.numel,
+                    n_slots);
+      plan->skipped = v.data;
+    }
+    plan->stream = options->stream;
+  }
+  LBOPT_TRY(ck.check_overlaps());
+  LBOPT_TRY(ck.device_supported());
+  plan->device = ck.device();
+  plan->kind = kind;
+  plan->flags = config->flags;
+  plan->seed = config->seed;
+  plan->lr = lr;
+  plan->beta1 = config->beta1;
+  plan->beta2 = config->beta2;
+  plan->eps = config->eps;
+  plan->weight_decay = config->weight_decay;
+  return LBOPT_OK;
+}
+
+lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* values, lbopt_state state,
+                              bool to_state, void* stream, ConvertPlan* plan) {
+  LBOPT_TRY(validate_kind(kind, "kind"));
+  if (moment != LBOPT_MOMENT_FIRST && moment != LBOPT_MOMENT_SECOND)
+    return fail(LBOPT_ERR_INVALID_VALUE, "moment = %d is not an lbopt_moment", int(moment));
+  CallChecker ck;
+  CallChecker::View v;
+  const char* vname = to_state ? "src" : "dst";
+  LBOPT_TRY(ck.tensor(values, vname, Want::kFloat32, to_state ? Access::kRead : Access::kWrite, &v));
+  LBOPT_TRY(check_state(ck, kind, v.numel, state, to_state ? "dst" : "src", to_state ? Access::kWrite : Access::kRead,
+                        &plan->state));
+  LBOPT_TRY(ck.check_overlaps());
+  LBOPT_TRY(ck.device_supported());
+  plan->device = ck.device();
+  plan->kind = kind;
+  plan->second_moment = moment == LBOPT_MOMENT_SECOND;
+  plan->numel = v.numel;
+  plan->values = reinterpret_cast<float*>(v.data);
+  plan->stream = stream;
+  return LBOPT_OK;
+}
+
+lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream,
+                                 ConvertPlan* plan) {
+  LBOPT_TRY(validate_kind(kind, "kind"));
+  if (numel < 0) return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is negative", (long long)numel);
+  CallChecker ck;
+  LBOPT_TRY(check_state(ck, kind, numel, state, "state", Access::kWrite, &plan->state));
+  LBOPT_TRY(ck.check_overlaps());
+  LBOPT_TRY(ck.device_supported());
+  plan->device = ck.device();
+  plan->kind = kind;
+  plan->numel = numel;
+  plan->stream = stream;
+  return LBOPT_OK;
+}
+
+}  // namespace lbopt

@@ -1,0 +1,56 @@
+// Validation of every argument of a call, before anything is written, and translation of the caller's
+// DLTensors into the raw plan a backend runs. Only this file looks inside caller-provided structs.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+#include "../kernels/step_args.h"
+#include "lbopt.h"
+
+namespace lbopt {
+
+enum class DeviceClass { kHost, kCuda };
+
+struct Device {
+  DeviceClass cls = DeviceClass::kHost;
+  int id = 0;
+};
+
+struct StepPlan {
+  Device device;
+  int kind = 0;
+  uint32_t flags = 0;
+  uint64_t seed = 0;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  std::vector<StepSlot> slots;
+  const float* grad_scale = nullptr;  // optional scalars, on the plan's device
+  const float* found_inf = nullptr;
+  uint8_t* skipped = nullptr;         // optional [n_slots] out
+  void* stream = nullptr;
+};
+
+struct ConvertPlan {
+  Device device;
+  int kind = 0;
+  bool second_moment = false;
+  int64_t numel = 0;
+  float* values = nullptr;  // the float32 side
+  StateRef state;
+  void* stream = nullptr;
+};
+
+lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
+                           size_t n_slots, const lbopt_step_options* options, StepPlan* plan);
+
+// to_state: quantize (values read, state written); otherwise dequantize.
+lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* values, lbopt_state state,
+                              bool to_state, void* stream, ConvertPlan* plan);
+
+lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream,
+                                 ConvertPlan* plan);
+
+lbopt_status validate_kind(lbopt_state_kind kind, const char* name);
+
+}  // namespace lbopt

@@ -1,0 +1,77 @@
+// Test helpers: owned buffers exposed as DLTensors, and buffer hashes that prove "nothing was written".
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include <memory>
+#include <vector>
+
+#include "lbopt.h"
+
+namespace test {
+
+// A CPU buffer with a 1-D (or given) shape, viewed as a DLTensor. Storage is 64-byte aligned with slack so
+// tests can shift byte_offset.
+struct Buffer {
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> storage;
+  DLTensor t{};
+
+  Buffer(DLDataType dtype, std::vector<int64_t> dims, size_t slack = 64) : shape(std::move(dims)) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    storage.assign(size_t(n) * (dtype.bits / 8) + slack + 64, 0);
+    t.data = aligned_base();
+    t.device = {kDLCPU, 0};
+    t.ndim = int(shape.size());
+    t.dtype = dtype;
+    t.shape = shape.data();
+    t.strides = nullptr;
+    t.byte_offset = 0;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  uint8_t* aligned_base() {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(storage.data());
+    return storage.data() + ((64 - p % 64) % 64);
+  }
+  template <class T>
+  T* as() {
+    return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + t.byte_offset);
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  size_t bytes() const { return size_t(numel()) * (t.dtype.bits / 8); }
+  DLTensor* get() { return &t; }
+};
+
+inline DLDataType f32() { return {kDLFloat, 32, 1}; }
+inline DLDataType bf16() { return {kDLBfloat, 16, 1}; }
+inline DLDataType f16() { return {kDLFloat, 16, 1}; }
+inline DLDataType u8() { return {kDLUInt, 8, 1}; }
+
+// FNV-1a over the whole storage (including slack), so writes past a view are caught too.
+inline uint64_t hash(const Buffer& b) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t c : b.storage) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// One optimizer state allocated from lbopt_state_layout.
+struct State {
+  std::unique_ptr<Buffer> codes, scales;
+  State(lbopt_state_kind kind, int64_t numel) {
+    lbopt_layout l;
+    lbopt_state_layout(kind, numel, &l);
+    codes = std::make_unique<Buffer>(l.codes_dtype, std::vector<int64_t>{l.codes_numel});
+    if (l.scales_numel || kind != LBOPT_STATE_FP32)
+      scales = std::make_unique<Buffer>(f32(), std::vector<int64_t>{l.scales_numel});
+  }
+  lbopt_state view() const { return {&codes->t, scales ? &scales->t : nullptr}; }
+};
+
+}  // namespace test
