@@ -65,7 +65,7 @@ struct StateCodec {
   const float* values;  // codebook (unused for FP8 / FP32)
   const float* mids;
   uint32_t entries;     // 16 or 256
-  bool nonneg;          // second moment: a positive value must not decode to 0 (the zero-point problem)
+  bool guard_zero;      // second moment on a map whose code 0 is 0: a positive value must not decode to 0
 
   // The block scale stored for a block whose finite absmax is absmax.
   LBOPT_HD float scale_for(float absmax) const {
@@ -78,7 +78,7 @@ struct StateCodec {
     uint32_t code = kind == kStateFp8 ? fp8_e4m3_encode(y) : codebook_encode(mids, entries, y);
     // Maps whose code 0 is the value 0 (8-bit unsigned, e4m3) would flush a tiny positive v to 0 and blow up
     // m / sqrt(v); the smallest positive code is one code step away and keeps the update bounded.
-    if (nonneg && code == 0 && y > 0.0f) code = 1;
+    if (guard_zero && code == 0 && y > 0.0f) code = 1;
     return code;
   }
 
@@ -92,7 +92,7 @@ inline StateCodec host_codec(int kind, bool second_moment) {
   using namespace codebook;
   switch (kind) {
     case kState4Bit:
-      return second_moment ? StateCodec{kind, kUnsigned4Values, kUnsigned4Mids, 16, true}
+      return second_moment ? StateCodec{kind, kUnsigned4Values, kUnsigned4Mids, 16, false}
                            : StateCodec{kind, kSigned4Values, kSigned4Mids, 16, false};
     case kState8Bit:
       return second_moment ? StateCodec{kind, kUnsigned8Values, kUnsigned8Mids, 256, true}
