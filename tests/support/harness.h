@@ -39,6 +39,8 @@ inline void store(ref::Dtype d, void* data, int64_t i, double x) {
   }
 }
 
+inline double bf16_value(const Buffer& b, int64_t i) { return ref::load(ref::kBF16, b.t.data, i); }
+
 inline int get_code(lbopt_state_kind kind, const Buffer& codes, int64_t i) {
   const uint8_t* c = static_cast<const uint8_t*>(codes.t.data);
   if (kind == LBOPT_STATE_4BIT) return (c[i / 2] >> (i % 2 ? 0 : 4)) & 15;

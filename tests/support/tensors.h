@@ -37,7 +37,7 @@ struct Buffer {
     return storage.data() + ((64 - p % 64) % 64);
   }
   template <class T>
-  T* as() {
+  T* as() const {
     return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + t.byte_offset);
   }
   int64_t numel() const {
@@ -54,10 +54,12 @@ inline DLDataType bf16() { return {kDLBfloat, 16, 1}; }
 inline DLDataType f16() { return {kDLFloat, 16, 1}; }
 inline DLDataType u8() { return {kDLUInt, 8, 1}; }
 
-// FNV-1a over the whole storage (including slack), so writes past a view are caught too.
+// FNV-1a over the data and the slack after it, so writes past a view are caught too; equal contents hash
+// equal across buffers.
 inline uint64_t hash(const Buffer& b) {
   uint64_t h = 1469598103934665603ull;
-  for (uint8_t c : b.storage) h = (h ^ c) * 1099511628211ull;
+  const uint8_t* base = const_cast<Buffer&>(b).aligned_base();
+  for (const uint8_t* c = base; c < base + (b.storage.size() - 64); ++c) h = (h ^ *c) * 1099511628211ull;
   return h;
 }
 
