@@ -25,8 +25,10 @@
   ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor) << 8) | (uint32_t)(patch)))
 #define LBOPT_VERSION LBOPT_MAKE_VERSION(LBOPT_VERSION_MAJOR, LBOPT_VERSION_MINOR, LBOPT_VERSION_PATCH)
 
-#if defined(_WIN32)
+#if defined(_WIN32) && defined(LBOPT_BUILDING)
 #define LBOPT_API __declspec(dllexport)
+#elif defined(_WIN32)
+#define LBOPT_API __declspec(dllimport)
 #elif defined(__GNUC__)
 #define LBOPT_API __attribute__((visibility("default")))
 #else
@@ -55,14 +57,15 @@ typedef enum lbopt_status {
   LBOPT_ERR_UNSUPPORTED = 12,     /* well-formed, but this build or machine cannot do it (e.g. no CUDA) */
   LBOPT_ERR_CUDA = 13,            /* a CUDA runtime error; lbopt_last_error() carries the CUDA text */
   LBOPT_ERR_OUT_OF_MEMORY = 14,   /* an internal allocation failed */
-  LBOPT_ERR_INTERNAL = 15         /* a bug in lbopt; please report the message */
+  LBOPT_ERR_INTERNAL = 15,        /* a bug in lbopt; please report the message */
+  LBOPT_STATUS_INT32_ = 0x7fffffff /* not a status: keeps the enum 32-bit whatever a caller passes */
 } lbopt_status;
 
 /* Static text naming a status ("LBOPT_ERR_DTYPE: ..."); never NULL. */
 LBOPT_API const char* lbopt_status_string(lbopt_status status);
 
-/* The calling thread's message for the last lbopt call it made: "" after a success, a precise sentence naming
- * the argument after a failure. Valid until the thread's next lbopt call; never NULL. */
+/* The calling thread's message for the last status-returning lbopt call it made: "" after a success, a precise
+ * sentence naming the argument after a failure. Valid until the thread's next such call; never NULL. */
 LBOPT_API const char* lbopt_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -73,7 +76,8 @@ LBOPT_API uint32_t lbopt_version(void);
 /* "MAJOR.MINOR.PATCH". */
 LBOPT_API const char* lbopt_version_string(void);
 /* A one-line JSON object: version, abi major, CPU kernel target, threads, whether CUDA is compiled in and
- * usable on this machine, CUDA architectures. Static storage; never NULL. */
+ * usable on this machine, CUDA architectures. Thread-local storage, valid until the thread's next call of this
+ * function; never NULL. */
 LBOPT_API const char* lbopt_build_info(void);
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -83,18 +87,20 @@ typedef enum lbopt_state_kind {
   LBOPT_STATE_4BIT = 0, /* block 128: m on the signed dynamic 4-bit map, v on k/16 (k = 1..16); 2 codes/byte */
   LBOPT_STATE_8BIT = 1, /* block 256: m on the signed dynamic 8-bit map, v on the unsigned dynamic 8-bit map */
   LBOPT_STATE_FP8 = 2,  /* block 256: float8 e4m3fn codes (saturating), scale = absmax / 448 */
-  LBOPT_STATE_FP32 = 3  /* plain float32 state, no scales */
+  LBOPT_STATE_FP32 = 3, /* plain float32 state, no scales */
+  LBOPT_STATE_KIND_INT32_ = 0x7fffffff /* not a kind: keeps the enum 32-bit whatever a caller passes */
 } lbopt_state_kind;
 
 /* Which moment a state holds: it selects the codebook (signed for m, non-negative for v and AMSGrad's vmax). */
 typedef enum lbopt_moment {
   LBOPT_MOMENT_FIRST = 0, /* m, exp_avg */
-  LBOPT_MOMENT_SECOND = 1 /* v, exp_avg_sq, and max_exp_avg_sq */
+  LBOPT_MOMENT_SECOND = 1, /* v, exp_avg_sq, and max_exp_avg_sq */
+  LBOPT_MOMENT_INT32_ = 0x7fffffff /* not a moment: keeps the enum 32-bit whatever a caller passes */
 } lbopt_moment;
 
 /* Sizes a caller allocates for one state (one moment) of a tensor with numel elements. */
 typedef struct lbopt_layout {
-  uint32_t struct_size;   /* set by lbopt_state_layout */
+  uint32_t struct_size;   /* bytes of this struct the library filled */
   DLDataType codes_dtype; /* uint8 for quantized kinds, float32 for LBOPT_STATE_FP32 */
   int64_t codes_numel;    /* elements of the codes tensor (4-bit: ceil(numel / 2)) */
   int64_t codes_bytes;
@@ -102,7 +108,9 @@ typedef struct lbopt_layout {
   int64_t block_size;     /* elements per scale block (0 for LBOPT_STATE_FP32) */
 } lbopt_layout;
 
-LBOPT_API lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out);
+/* Structs the library fills take the caller's sizeof: a caller built against an older, smaller struct is never
+ * written past its end, and fields the library does not know are zeroed. */
+LBOPT_API lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out, size_t out_size);
 
 /* One optimizer state: codes plus (for quantized kinds) float32 scales. Both are compact tensors of exactly
  * the sizes lbopt_state_layout gives; their shapes are free. */
@@ -148,8 +156,8 @@ typedef struct lbopt_adamw_config {
   uint64_t seed;              /* stochastic rounding key, default 0 */
 } lbopt_adamw_config;
 
-/* Fill *config with the defaults above (and struct_size). */
-LBOPT_API lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config);
+/* Fill *config with the defaults above; struct_size: sizeof(lbopt_adamw_config) as the caller sees it. */
+LBOPT_API lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_size);
 
 /* One parameter tensor and its states. Params and grads are float32, bfloat16 or float16 (the grad dtype may
  * differ from the param dtype) with identical shapes. The step count is the one this step makes (1 on the
@@ -167,7 +175,8 @@ typedef struct lbopt_adamw_slot {
 /* Per-call options; pass NULL for none. */
 typedef struct lbopt_step_options {
   uint32_t struct_size;       /* sizeof(lbopt_step_options); set by lbopt_step_options_init */
-  const DLTensor* grad_scale; /* optional float32 scalar on the step's device: grads are divided by it (AMP) */
+  const DLTensor* grad_scale; /* optional float32 scalar on the step's device, finite and > 0: grads are
+                                 multiplied by its reciprocal (exact for GradScaler's powers of two) (AMP) */
   const DLTensor* found_inf;  /* optional float32 scalar: when nonzero no param or state is written (AMP) */
   const DLTensor* skipped;    /* optional out: uint8 [n_slots] on the step's device; 1 where a slot was not
                                  stepped (non-finite grad with LBOPT_FLAG_SKIP_NONFINITE, or found_inf), else 0.
@@ -175,7 +184,8 @@ typedef struct lbopt_step_options {
   void* stream;               /* cudaStream_t for CUDA tensors; ignored on CPU */
 } lbopt_step_options;
 
-LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options);
+/* Zero *options and set struct_size; struct_size: sizeof(lbopt_step_options) as the caller sees it. */
+LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_size);
 
 /* One fused in-place step over n_slots tensors with learning rate lr (finite, >= 0). All tensors of the call
  * live on one device. The whole call is validated before the first byte is written. */

@@ -1,5 +1,7 @@
 // The C entry points: argument checks (validate.cpp), then a backend call. Nothing else lives here, and no C++
 // exception leaves: anything thrown becomes a status.
+#include <string.h>
+
 #include <new>
 
 #include "backend.h"
@@ -26,6 +28,20 @@ lbopt_status guarded(F&& body) {
   }
 }
 
+// This release's structs are the first of their kind, so no smaller size is known yet.
+lbopt_status check_out_size(size_t size, size_t own, const char* name) {
+  if (size < own) return fail(LBOPT_ERR_STRUCT_SIZE, "%s = %zu, this library needs at least %zu", name, size, own);
+  return LBOPT_OK;
+}
+
+// Write a struct the caller sized: zero all size bytes, then the fields this library knows, and struct_size.
+template <class T>
+void fill(T* out, size_t size, T value) {
+  value.struct_size = uint32_t(sizeof(T));
+  memset(out, 0, size);
+  memcpy(out, &value, sizeof(T));
+}
+
 }  // namespace
 }  // namespace lbopt
 
@@ -33,26 +49,14 @@ using namespace lbopt;
 
 extern "C" {
 
-lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out) {
+lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out, size_t out_size) {
   return guarded([&] {
     if (!out) return fail(LBOPT_ERR_NULL_POINTER, "out: pointer is NULL");
+    LBOPT_TRY(check_out_size(out_size, sizeof(lbopt_layout), "out_size"));
     LBOPT_TRY(validate_kind(kind, "kind"));
-    if (numel < 0) return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is negative", (long long)numel);
-    const int64_t block = state_block_size(kind);
-    lbopt_layout l{};
-    l.struct_size = sizeof(lbopt_layout);
-    l.block_size = block;
-    if (kind == LBOPT_STATE_FP32) {
-      l.codes_dtype = DLDataType{kDLFloat, 32, 1};
-      l.codes_numel = numel;
-      l.codes_bytes = numel * 4;
-    } else {
-      l.codes_dtype = DLDataType{kDLUInt, 8, 1};
-      l.codes_numel = kind == LBOPT_STATE_4BIT ? numel / 2 + numel % 2 : numel;
-      l.codes_bytes = l.codes_numel;
-      l.scales_numel = numel / block + (numel % block != 0);
-    }
-    *out = l;
+    if (numel < 0 || numel > INT64_MAX / 4)
+      return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is outside [0, INT64_MAX / 4]", (long long)numel);
+    fill(out, out_size, layout_of(kind, numel));
     return LBOPT_OK;
   });
 }
@@ -83,25 +87,26 @@ lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment moment, lbopt_
   });
 }
 
-lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config) {
+lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_size) {
   return guarded([&] {
     if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
-    *config = lbopt_adamw_config{};
-    config->struct_size = sizeof(lbopt_adamw_config);
-    config->state_kind = LBOPT_STATE_4BIT;
-    config->beta1 = 0.9;
-    config->beta2 = 0.999;
-    config->eps = 1e-8;
-    config->weight_decay = 0.01;
+    LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_adamw_config), "struct_size"));
+    lbopt_adamw_config c{};
+    c.state_kind = LBOPT_STATE_4BIT;
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
+    c.eps = 1e-8;
+    c.weight_decay = 0.01;
+    fill(config, struct_size, c);
     return LBOPT_OK;
   });
 }
 
-lbopt_status lbopt_step_options_init(lbopt_step_options* options) {
+lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_size) {
   return guarded([&] {
     if (!options) return fail(LBOPT_ERR_NULL_POINTER, "options: pointer is NULL");
-    *options = lbopt_step_options{};
-    options->struct_size = sizeof(lbopt_step_options);
+    LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_step_options), "struct_size"));
+    fill(options, struct_size, lbopt_step_options{});
     return LBOPT_OK;
   });
 }

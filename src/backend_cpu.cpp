@@ -55,18 +55,18 @@ struct StepRun {
 
 lbopt_status cpu_adamw_step(StepPlan& plan) {
   const size_t n = plan.slots.size();
-  thread_local std::vector<uint8_t> skip;
-  skip.assign(n, 0);
-  if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
-    if (plan.skipped) memset(plan.skipped, 1, n);
-    return LBOPT_OK;
-  }
   double grad_scale = 1.0;
   if (plan.grad_scale) {
     grad_scale = *plan.grad_scale;
     if (!(grad_scale > 0.0 && isfinite(grad_scale)))
       return fail(LBOPT_ERR_INVALID_VALUE, "options.grad_scale = %g must be finite and > 0", grad_scale);
   }
+  if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
+    if (plan.skipped) memset(plan.skipped, 1, n);
+    return LBOPT_OK;
+  }
+  thread_local std::vector<uint8_t> skip;
+  skip.assign(n, 0);
   const int64_t block = work_block_size(plan.kind);
   std::vector<int64_t>& numels = slot_numels(plan, skip);
 
@@ -84,7 +84,7 @@ lbopt_status cpu_adamw_step(StepPlan& plan) {
                                                       std::min(slot.numel, task.block_end * bs));
     }, &scan);
     for (size_t t = 0; t < tasks.size(); ++t) skip[tasks[t].slot] |= task_bad[t];
-    numels = slot_numels(plan, skip);
+    slot_numels(plan, skip);  // refills numels: skipped slots get no tasks
   }
 
   const bool coupled = plan.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
@@ -139,8 +139,7 @@ lbopt_status cpu_quantize(const ConvertPlan& plan) {
 lbopt_status cpu_dequantize(const ConvertPlan& plan) { return cpu_convert<false>(plan); }
 
 lbopt_status cpu_state_init(const ConvertPlan& plan) {
-  lbopt_layout layout;
-  lbopt_state_layout(lbopt_state_kind(plan.kind), plan.numel, &layout);
+  const lbopt_layout layout = layout_of(plan.kind, plan.numel);
   if (layout.codes_bytes) memset(plan.state.codes, 0, size_t(layout.codes_bytes));
   if (layout.scales_numel) memset(plan.state.scales, 0, size_t(layout.scales_numel) * sizeof(float));
   return LBOPT_OK;

@@ -1,5 +1,6 @@
 #include "thread_pool.h"
 
+#include <sched.h>
 #include <stdlib.h>
 
 #include <atomic>
@@ -16,6 +17,9 @@ int default_threads() {
     const int n = atoi(env);
     if (n >= 1) return n;
   }
+  // The cores this process may run on (taskset, cgroups' cpusets), not all cores of the machine.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   const unsigned hw = std::thread::hardware_concurrency();
   return hw ? int(hw) : 1;
 }
@@ -50,7 +54,7 @@ class Pool {
     size_ = n >= 1 ? n : default_threads();
   }
 
-  int size() const { return size_; }
+  int size() const { return size_.load(); }
 
  private:
   void work() {
@@ -73,7 +77,7 @@ class Pool {
   }
 
   void ensure_workers() {
-    while (int(workers_.size()) < size_ - 1) workers_.emplace_back([this] { worker_loop(); });
+    while (int(workers_.size()) < size_.load() - 1) workers_.emplace_back([this] { worker_loop(); });
   }
 
   void stop_workers() {
@@ -91,7 +95,7 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
-  int size_ = default_threads();
+  std::atomic<int> size_{default_threads()};
   uint64_t generation_ = 0;
   bool stop_ = false;
   TaskFn fn_ = nullptr;

@@ -109,7 +109,7 @@ class CallChecker {
     if (!have_device_) {
       device_ = dev;
       have_device_ = true;
-      first_name_ = name;
+      snprintf(first_name_, sizeof first_name_, "%s", name);
     } else if (dev.cls != device_.cls || dev.id != device_.id) {
       return fail(LBOPT_ERR_DEVICE, "%s: on %s:%d but %s is on %s:%d; one call uses one device", name,
                   dev.cls == DeviceClass::kCuda ? "cuda" : "cpu", dev.id,
@@ -170,15 +170,14 @@ class CallChecker {
 
   Device device_{};
   bool have_device_ = false;
-  const char* first_name_ = "";
+  char first_name_[40] = "";  // copied: callers reuse their name buffers
 };
 
 // Codes and scales of one state, sized for kind and numel.
 lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state st, const char* name, Access access,
                          StateRef* out) {
   char field[40];
-  lbopt_layout layout;
-  lbopt_state_layout(lbopt_state_kind(kind), numel, &layout);
+  const lbopt_layout layout = layout_of(kind, numel);
   CallChecker::View codes, scales;
   snprintf(field, sizeof field, "%s.codes", name);
   LBOPT_TRY(ck.tensor(st.codes, field, Want::kCodes, access, &codes));
@@ -236,6 +235,23 @@ lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, 
 }
 
 }  // namespace
+
+lbopt_layout layout_of(int kind, int64_t numel) {
+  lbopt_layout l{};
+  l.struct_size = sizeof(lbopt_layout);
+  l.block_size = state_block_size(kind);
+  if (kind == LBOPT_STATE_FP32) {
+    l.codes_dtype = DLDataType{kDLFloat, 32, 1};
+    l.codes_numel = numel;
+    l.codes_bytes = numel * 4;
+  } else {
+    l.codes_dtype = DLDataType{kDLUInt, 8, 1};
+    l.codes_numel = kind == LBOPT_STATE_4BIT ? (numel + 1) / 2 : numel;
+    l.codes_bytes = l.codes_numel;
+    l.scales_numel = numel / l.block_size + (numel % l.block_size != 0);
+  }
+  return l;
+}
 
 lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
   if (int(kind) < LBOPT_STATE_4BIT || int(kind) > LBOPT_STATE_FP32)

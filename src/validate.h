@@ -53,4 +53,7 @@ lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_sta
 
 lbopt_status validate_kind(lbopt_state_kind kind, const char* name);
 
+// Sizes of one state of a valid kind (numel in [0, INT64_MAX / 4]).
+lbopt_layout layout_of(int kind, int64_t numel);
+
 }  // namespace lbopt

@@ -38,7 +38,7 @@ struct Run {
   }
   void steps(int64_t from, int64_t to) {
     lbopt_adamw_config cfg;
-    lbopt_adamw_config_init(&cfg);
+    lbopt_adamw_config_init(&cfg, sizeof cfg);
     cfg.state_kind = kind;
     cfg.flags = flags;
     cfg.seed = 1234;
@@ -139,7 +139,7 @@ TEST_SUITE("checkpoint and determinism") {
         std::vector<std::unique_ptr<Run>> runs;
         for (int64_t n : sizes) runs.push_back(std::make_unique<Run>(LBOPT_STATE_4BIT, LBOPT_FLAG_BF16_STOCHASTIC_ROUND, n));
         lbopt_adamw_config cfg;
-        lbopt_adamw_config_init(&cfg);
+        lbopt_adamw_config_init(&cfg, sizeof cfg);
         cfg.flags = LBOPT_FLAG_BF16_STOCHASTIC_ROUND;
         for (int64_t s = 1; s <= 3; ++s) {
           std::vector<lbopt_adamw_slot> slots;
@@ -173,7 +173,7 @@ TEST_SUITE("checkpoint and determinism") {
       lbopt_state_init(LBOPT_STATE_FP32, n, v.view(), nullptr);
       for (int64_t i = 0; i < n; ++i) p.as<uint16_t>()[i] = 0x3f80;  // 1.0
       lbopt_adamw_config cfg;
-      lbopt_adamw_config_init(&cfg);
+      lbopt_adamw_config_init(&cfg, sizeof cfg);
       cfg.state_kind = LBOPT_STATE_FP32;
       cfg.flags = flags;
       cfg.seed = seed;

@@ -102,7 +102,7 @@ Parity parity_run(lbopt_state_kind kind) {
   lbopt_state_init(kind, n, m.view(), nullptr);
   lbopt_state_init(kind, n, v.view(), nullptr);
   lbopt_adamw_config cfg;
-  lbopt_adamw_config_init(&cfg);
+  lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = kind;
   cfg.weight_decay = 0.0;
   ref::Hyper h;

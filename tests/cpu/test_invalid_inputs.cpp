@@ -115,10 +115,10 @@ struct Setup {
     skipped.as<uint8_t>()[0] = 0xAB;
     skipped.as<uint8_t>()[1] = 0xCD;
 
-    REQUIRE(lbopt_adamw_config_init(&config) == LBOPT_OK);
+    REQUIRE(lbopt_adamw_config_init(&config, sizeof config) == LBOPT_OK);
     config.state_kind = kind;
     if (amsgrad) config.flags |= LBOPT_FLAG_AMSGRAD;
-    REQUIRE(lbopt_step_options_init(&options) == LBOPT_OK);
+    REQUIRE(lbopt_step_options_init(&options, sizeof options) == LBOPT_OK);
     options.grad_scale = &grad_scale.t;
     options.found_inf = &found_inf.t;
     options.skipped = &skipped.t;
@@ -200,7 +200,7 @@ struct Setup {
     return lbopt_dequantize(lbopt_state_kind(conv_kind), lbopt_moment(moment), conv_state, conv_values, nullptr);
   }
   lbopt_status state_init() { return lbopt_state_init(lbopt_state_kind(conv_kind), numel, conv_state, nullptr); }
-  lbopt_status state_layout() { return lbopt_state_layout(lbopt_state_kind(conv_kind), numel, layout_arg); }
+  lbopt_status state_layout() { return lbopt_state_layout(lbopt_state_kind(conv_kind), numel, layout_arg, sizeof(lbopt_layout)); }
 };
 
 using Mutation = std::function<void(Setup&)>;
@@ -510,10 +510,19 @@ const std::vector<Case>& cases() {
      LBOPT_ERR_NULL_POINTER, {"out"}},
     {"state_layout: kind = -1", k4, [](Setup& s) { s.conv_kind = -1; }, state_layout,
      LBOPT_ERR_INVALID_VALUE, {"kind"}},
-    {"adamw_config_init(NULL)", k4, unchanged, [](Setup&) { return lbopt_adamw_config_init(nullptr); },
+    {"adamw_config_init(NULL)", k4, unchanged, [](Setup&) { return lbopt_adamw_config_init(nullptr, sizeof(lbopt_adamw_config)); },
      LBOPT_ERR_NULL_POINTER, {"config"}},
-    {"step_options_init(NULL)", k4, unchanged, [](Setup&) { return lbopt_step_options_init(nullptr); },
+    {"step_options_init(NULL)", k4, unchanged, [](Setup&) { return lbopt_step_options_init(nullptr, sizeof(lbopt_step_options)); },
      LBOPT_ERR_NULL_POINTER, {"options"}},
+    {"state_layout: out_size smaller than lbopt_layout", k4, unchanged,
+     [](Setup& s) { return lbopt_state_layout(LBOPT_STATE_4BIT, 300, s.layout_arg, sizeof(lbopt_layout) - 8); },
+     LBOPT_ERR_STRUCT_SIZE, {"out_size"}},
+    {"state_layout: numel > INT64_MAX / 4", kF32, [](Setup& s) { s.numel = INT64_MAX / 2; }, state_layout,
+     LBOPT_ERR_INVALID_VALUE, {"numel"}},
+    {"adamw_config_init: struct_size too small", k4, unchanged,
+     [](Setup& s) { return lbopt_adamw_config_init(&s.config, 8); }, LBOPT_ERR_STRUCT_SIZE, {"struct_size"}},
+    {"step_options_init: struct_size 0", k4, unchanged,
+     [](Setup& s) { return lbopt_step_options_init(&s.options, 0); }, LBOPT_ERR_STRUCT_SIZE, {"struct_size"}},
     {"set_num_threads(-1)", k4, unchanged, [](Setup&) { return lbopt_set_num_threads(-1); },
      LBOPT_ERR_INVALID_VALUE, {"n = -1"}},
   };

@@ -39,7 +39,7 @@ struct Model {
 
 lbopt_status step(Model& md, uint32_t flags, const lbopt_step_options* opts, int64_t step = 1) {
   lbopt_adamw_config cfg;
-  lbopt_adamw_config_init(&cfg);
+  lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = md.kind;
   cfg.flags = flags;
   std::vector<lbopt_adamw_slot> s = md.slots(step);
@@ -67,7 +67,7 @@ TEST_SUITE("non-finite gradients") {
         Buffer skipped(u8(), {2});
         skipped.as<uint8_t>()[0] = skipped.as<uint8_t>()[1] = 7;
         lbopt_step_options opts;
-        lbopt_step_options_init(&opts);
+        lbopt_step_options_init(&opts, sizeof opts);
         opts.skipped = &skipped.t;
         REQUIRE(step(md, LBOPT_FLAG_SKIP_NONFINITE, &opts, 2) == LBOPT_OK);
         CHECK(md.hash0() == before0);
@@ -107,7 +107,7 @@ TEST_SUITE("non-finite gradients") {
     Buffer found(f32(), {1}), scale(f32(), {1}), skipped(u8(), {2});
     found.as<float>()[0] = 1.0f;
     lbopt_step_options opts;
-    lbopt_step_options_init(&opts);
+    lbopt_step_options_init(&opts, sizeof opts);
     opts.found_inf = &found.t;
     opts.skipped = &skipped.t;
     const uint64_t before0 = md.hash0(), before1 = md.hash1();

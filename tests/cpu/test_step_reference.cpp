@@ -53,7 +53,7 @@ Outcome one_step(const Setup& s, uint64_t seed, int64_t step) {
   vmax.randomize(rng, true, 2e-4);
 
   lbopt_adamw_config cfg;
-  lbopt_adamw_config_init(&cfg);
+  lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = s.kind;
   cfg.flags = s.flags;
   cfg.weight_decay = 0.05;
@@ -172,7 +172,7 @@ TEST_SUITE("step vs reference") {
     }
     State m(LBOPT_STATE_4BIT, 5), v(LBOPT_STATE_4BIT, 5);
     lbopt_adamw_config cfg;
-    lbopt_adamw_config_init(&cfg);
+    lbopt_adamw_config_init(&cfg, sizeof cfg);
     lbopt_adamw_slot slot{sizeof(lbopt_adamw_slot), &p.t, &g.t, m.view(), v.view(), {nullptr, nullptr}, 1};
     REQUIRE(lbopt_adamw_step(&cfg, 1e-3, &slot, 1, nullptr) == LBOPT_OK);
     CHECK((m.codes->as<uint8_t>()[2] & 0x0f) == 0);
@@ -215,7 +215,7 @@ RunResult run_schedule(lbopt_state_kind kind, bool cosine) {
   REQUIRE(lbopt_state_init(kind, n, m.view(), nullptr) == LBOPT_OK);
   REQUIRE(lbopt_state_init(kind, n, v.view(), nullptr) == LBOPT_OK);
   lbopt_adamw_config cfg;
-  lbopt_adamw_config_init(&cfg);
+  lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = kind;
 
   const ref::Codec cm(kind, false), cv(kind, true);

@@ -68,7 +68,7 @@ struct State {
   std::unique_ptr<Buffer> codes, scales;
   State(lbopt_state_kind kind, int64_t numel) {
     lbopt_layout l;
-    lbopt_state_layout(kind, numel, &l);
+    lbopt_state_layout(kind, numel, &l, sizeof l);
     codes = std::make_unique<Buffer>(l.codes_dtype, std::vector<int64_t>{l.codes_numel});
     if (l.scales_numel || kind != LBOPT_STATE_FP32)
       scales = std::make_unique<Buffer>(f32(), std::vector<int64_t>{l.scales_numel});
