@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes kernels/codebooks.h from the torchao reference tables (../shared/spec/qmaps_torchao.txt).
+"""Writes kernels/codebooks.h from the torchao reference tables (tests/data/qmaps_torchao.txt).
 
 The 8-bit maps depend on how float32 linspace rounds, so lbopt embeds torchao's values bit for bit instead of
 re-deriving them; tests/unit/test_codebooks.cpp checks them against the documented construction rule (within
 2 ulps) and against the reference file (exactly). Decision midpoints are computed here in float32 arithmetic:
 code(x) = number of midpoints <= x, so ties go up as in torchao.
 
-usage: tools/gen_codebooks.py QMAPS_TXT > kernels/codebooks.h
+usage: tools/gen_codebooks.py tests/data/qmaps_torchao.txt > kernels/codebooks.h
 """
 import re
 import struct
