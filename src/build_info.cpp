@@ -1,6 +1,7 @@
 // Version and build description.
 #include <stdio.h>
 
+#include "cuda_probe.h"
 #include "lbopt.h"
 #include "thread_pool.h"
 
@@ -14,10 +15,13 @@ extern "C" const char* lbopt_version_string(void) {
 }
 
 extern "C" const char* lbopt_build_info(void) {
-  thread_local char info[256];
+  thread_local char info[512];
+  const lbopt::CudaAvailability cuda = lbopt::cuda_availability();
   snprintf(info, sizeof info,
            "{\"version\":\"%s\",\"abi\":%d,\"cpu_kernels\":\"portable\",\"threads\":%d,"
-           "\"cuda_compiled\":false,\"cuda_usable\":false,\"cuda_archs\":\"\"}",
-           lbopt_version_string(), LBOPT_VERSION_MAJOR, lbopt::num_threads());
+           "\"cuda_compiled\":%s,\"cuda_archs\":\"%s\",\"cuda_devices\":%d,\"cuda_usable\":%s,"
+           "\"cuda_reason\":\"%s\"}",
+           lbopt_version_string(), LBOPT_VERSION_MAJOR, lbopt::num_threads(), LBOPT_WITH_CUDA ? "true" : "false",
+           LBOPT_CUDA_ARCHS, cuda.devices, cuda.devices > 0 ? "true" : "false", cuda.reason);
   return info;
 }
