@@ -194,7 +194,8 @@ LBOPT_API lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* CPU threads: the library's own pool (no OpenMP, so it cannot fight a host framework's runtime). Default: the
- * LBOPT_NUM_THREADS environment variable, else all online cores. n >= 1; 0 restores the default. */
+ * LBOPT_NUM_THREADS environment variable, else the cores the process may run on (its CPU affinity). n >= 1; 0
+ * restores the default. */
 LBOPT_API lbopt_status lbopt_set_num_threads(int n);
 LBOPT_API int lbopt_get_num_threads(void);
 

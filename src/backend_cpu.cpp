@@ -21,24 +21,18 @@ struct Task {
   int64_t block_begin, block_end;
 };
 
-// Split [0, n_blocks) of every slot into tasks; reused per thread so a warm step allocates nothing.
-std::vector<Task>& make_tasks(const std::vector<int64_t>& numels, int64_t block) {
+// Split the blocks of every slot not skipped into tasks; reused per thread so a warm step allocates nothing.
+std::vector<Task>& make_tasks(const StepPlan& plan, const std::vector<uint8_t>& skip) {
   thread_local std::vector<Task> tasks;
   tasks.clear();
+  const int64_t block = work_block_size(plan.kind);
   const int64_t per_task = std::max<int64_t>(1, kTaskElements / block);
-  for (size_t s = 0; s < numels.size(); ++s) {
-    const int64_t n_blocks = (numels[s] + block - 1) / block;
+  for (size_t s = 0; s < plan.slots.size(); ++s) {
+    const int64_t n_blocks = skip[s] ? 0 : (plan.slots[s].numel + block - 1) / block;
     for (int64_t b = 0; b < n_blocks; b += per_task)
       tasks.push_back({uint32_t(s), b, std::min(n_blocks, b + per_task)});
   }
   return tasks;
-}
-
-std::vector<int64_t>& slot_numels(const StepPlan& plan, const std::vector<uint8_t>& skip) {
-  thread_local std::vector<int64_t> numels;
-  numels.clear();
-  for (size_t s = 0; s < plan.slots.size(); ++s) numels.push_back(skip[s] ? 0 : plan.slots[s].numel);
-  return numels;
 }
 
 struct NonfiniteScan {
@@ -58,8 +52,9 @@ lbopt_status cpu_adamw_step(StepPlan& plan) {
   double grad_scale = 1.0;
   if (plan.grad_scale) {
     grad_scale = *plan.grad_scale;
-    if (!(grad_scale > 0.0 && isfinite(grad_scale)))
-      return fail(LBOPT_ERR_INVALID_VALUE, "options.grad_scale = %g must be finite and > 0", grad_scale);
+    if (!(grad_scale > 0.0 && isfinite(grad_scale) && isfinite(float(1.0 / grad_scale))))
+      return fail(LBOPT_ERR_INVALID_VALUE, "options.grad_scale = %g must be finite and > 0 with a finite float "
+                  "reciprocal", grad_scale);
   }
   if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
     if (plan.skipped) memset(plan.skipped, 1, n);
@@ -67,11 +62,9 @@ lbopt_status cpu_adamw_step(StepPlan& plan) {
   }
   thread_local std::vector<uint8_t> skip;
   skip.assign(n, 0);
-  const int64_t block = work_block_size(plan.kind);
-  std::vector<int64_t>& numels = slot_numels(plan, skip);
 
-  if (plan.flags & LBOPT_FLAG_SKIP_NONFINITE) {
-    std::vector<Task>& tasks = make_tasks(numels, block);
+  if (plan.flags & LBOPT_FLAG_SKIP_NONFINITE) {  // a pass over the grads before anything is written
+    std::vector<Task>& tasks = make_tasks(plan, skip);
     thread_local std::vector<uint8_t> task_bad;
     task_bad.assign(tasks.size(), 0);
     NonfiniteScan scan{&plan, &tasks, &task_bad};
@@ -84,7 +77,6 @@ lbopt_status cpu_adamw_step(StepPlan& plan) {
                                                       std::min(slot.numel, task.block_end * bs));
     }, &scan);
     for (size_t t = 0; t < tasks.size(); ++t) skip[tasks[t].slot] |= task_bad[t];
-    slot_numels(plan, skip);  // refills numels: skipped slots get no tasks
   }
 
   const bool coupled = plan.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
@@ -93,7 +85,7 @@ lbopt_status cpu_adamw_step(StepPlan& plan) {
   for (StepSlot& slot : plan.slots)
     slot.scalars = make_step_scalars(plan.lr, slot.step, plan.beta1, plan.beta2, plan.eps, plan.weight_decay,
                                      coupled, amsgrad, maximize, grad_scale);
-  StepRun run{&plan, &make_tasks(numels, block),
+  StepRun run{&plan, &make_tasks(plan, skip),
               {plan.kind, (plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND) != 0, plan.seed}};
   parallel_for(int64_t(run.tasks->size()), [](void* ctx, int64_t t) {
     auto* r = static_cast<StepRun*>(ctx);

@@ -18,8 +18,10 @@ int default_threads() {
     if (n >= 1) return n;
   }
   // The cores this process may run on (taskset, cgroups' cpusets), not all cores of the machine.
+#ifdef __linux__
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
   const unsigned hw = std::thread::hardware_concurrency();
   return hw ? int(hw) : 1;
 }

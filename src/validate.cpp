@@ -177,6 +177,8 @@ class CallChecker {
 lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state st, const char* name, Access access,
                          StateRef* out) {
   char field[40];
+  if (numel > INT64_MAX / 4)
+    return fail(LBOPT_ERR_SHAPE, "%s: a state of %lld elements is too large", name, (long long)numel);
   const lbopt_layout layout = layout_of(kind, numel);
   CallChecker::View codes, scales;
   snprintf(field, sizeof field, "%s.codes", name);
@@ -364,7 +366,8 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
 lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream,
                                  ConvertPlan* plan) {
   LBOPT_TRY(validate_kind(kind, "kind"));
-  if (numel < 0) return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is negative", (long long)numel);
+  if (numel < 0 || numel > INT64_MAX / 4)
+    return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is outside [0, INT64_MAX / 4]", (long long)numel);
   CallChecker ck;
   LBOPT_TRY(check_state(ck, kind, numel, state, "state", Access::kWrite, &plan->state));
   LBOPT_TRY(ck.check_overlaps());

@@ -536,7 +536,7 @@ bool matches(const std::vector<std::string>& prefixes, const std::string& name) 
   return false;
 }
 
-bool cuda_compiled() { return strstr(lbopt_build_info(), "\"cuda_compiled\":false") == nullptr; }
+bool cuda_step_available() { return strstr(lbopt_build_info(), "\"cuda_step\":false") == nullptr; }
 
 void run_case(const Case& c) {
   INFO("case: " << std::string(c.name) << " (" << std::string(base_name(c.base)) << " setup)");
@@ -605,7 +605,7 @@ TEST_SUITE("invalid inputs") {
   }
 
   TEST_CASE("invalid inputs: each call fails with its status, names the argument, writes nothing") {
-    const bool cpu_only = !cuda_compiled();
+    const bool cpu_only = !cuda_step_available();
     for (const Case& c : cases()) {
       if (c.needs_cpu_only_build && !cpu_only) {
         MESSAGE("skipped (this build has CUDA): " << std::string(c.name));
