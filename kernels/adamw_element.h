@@ -1,5 +1,7 @@
-// The AdamW / Adam update of one element (ALGORITHMS.md section 4, torchao's order), in float32. Every backend
-// and every dtype runs this function; the scalars that depend only on the call (lr, step) come precomputed.
+// The AdamW / Adam update of one element, in float32, in the operation order of torch.optim.AdamW's reference
+// (single-tensor) implementation, so that full-precision states reproduce it bit for bit and low-bit states
+// differ from it only by quantization. Every backend and every dtype runs this function; the scalars that depend
+// only on the call (lr, step) come precomputed in double precision.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -9,13 +11,14 @@
 namespace lbopt {
 
 struct StepScalars {
-  float grad_factor;     // 1 / grad_scale, negated for maximize
-  float lr_wd;           // lr * weight_decay (AdamW, decoupled)
-  float wd;              // weight_decay (Adam, coupled into the gradient)
-  float one_minus_beta1;
+  float grad_factor;       // 1 / grad_scale (float32, as GradScaler's inv_scale), negated for maximize
+  float decay_factor;      // 1 - lr * weight_decay (AdamW, decoupled)
+  float wd;                // weight_decay (Adam, coupled into the gradient)
+  float one_minus_beta1;   // the lerp weight of m
+  float beta2;
   float one_minus_beta2;
-  float step_size;       // lr / (1 - beta1^step)
-  float inv_sqrt_bc2;    // 1 / sqrt(1 - beta2^step)
+  float neg_step_size;     // -lr / (1 - beta1^step)
+  float sqrt_bc2;          // sqrt(1 - beta2^step)
   float eps;
   bool coupled_decay;
   bool amsgrad;
@@ -28,13 +31,14 @@ inline StepScalars make_step_scalars(double lr, int64_t step, double beta1, doub
   const double bc1 = 1.0 - pow(beta1, double(step));
   const double bc2 = 1.0 - pow(beta2, double(step));
   StepScalars s;
-  s.grad_factor = float((maximize ? -1.0 : 1.0) / grad_scale);
-  s.lr_wd = float(lr * weight_decay);
+  s.grad_factor = float(1.0 / grad_scale) * (maximize ? -1.0f : 1.0f);
+  s.decay_factor = float(1.0 - lr * weight_decay);
   s.wd = float(weight_decay);
   s.one_minus_beta1 = float(1.0 - beta1);
+  s.beta2 = float(beta2);
   s.one_minus_beta2 = float(1.0 - beta2);
-  s.step_size = float(lr / bc1);
-  s.inv_sqrt_bc2 = float(1.0 / sqrt(bc2));
+  s.neg_step_size = float(-(lr / bc1));
+  s.sqrt_bc2 = float(pow(bc2, 0.5));  // as Python's bc2 ** 0.5
   s.eps = float(eps);
   s.coupled_decay = coupled_decay;
   s.amsgrad = amsgrad;
@@ -48,17 +52,19 @@ LBOPT_HD void adamw_element(const StepScalars& s, float& p, float grad, float& m
   if (s.coupled_decay) {
     g = g + s.wd * p;
   } else {
-    p = p - s.lr_wd * p;
+    p = p * s.decay_factor;
   }
-  m = m + s.one_minus_beta1 * (g - m);
-  v = v + s.one_minus_beta2 * (g * g - v);
+  // torch.lerp(m, g, w): the branch keeps it exact at both ends
+  const float w = s.one_minus_beta1;
+  m = w < 0.5f ? fmaf(w, g - m, m) : fmaf(-(1.0f - w), g - m, g);
+  v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);
   float v_used = v;
   if (s.amsgrad) {
     vmax = fmaxf(vmax, v);
     v_used = vmax;
   }
-  const float denom = sqrtf(v_used) * s.inv_sqrt_bc2 + s.eps;
-  p = p - s.step_size * m / denom;
+  const float denom = sqrtf(v_used) / s.sqrt_bc2 + s.eps;
+  p = p + s.neg_step_size * m / denom;
 }
 
 }  // namespace lbopt

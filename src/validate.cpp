@@ -24,13 +24,10 @@ struct Range {
 };
 
 const char* dtype_name(DLDataType t, char* buf, size_t size) {
-  if (t.lanes == 1) {
-    if (t.code == kDLFloat && t.bits == 32) return "float32";
-    if (t.code == kDLFloat && t.bits == 16) return "float16";
-    if (t.code == kDLBfloat && t.bits == 16) return "bfloat16";
-    if (t.code == kDLUInt && t.bits == 8) return "uint8";
-  }
-  snprintf(buf, size, "(code %u, bits %u, lanes %u)", unsigned(t.code), unsigned(t.bits), unsigned(t.lanes));
+  static const char* const codes[] = {"int", "uint", "float", "handle", "bfloat", "complex", "bool"};
+  const char* base = t.code < sizeof codes / sizeof codes[0] ? codes[t.code] : "code?";
+  if (t.lanes == 1) snprintf(buf, size, "%s%u", base, unsigned(t.bits));
+  else snprintf(buf, size, "%s%ux%u", base, unsigned(t.bits), unsigned(t.lanes));
   return buf;
 }
 

@@ -1,0 +1,122 @@
+"""A framework-agnostic lbopt step on any in-place DLPack arrays (NumPy, PyTorch, ...).
+
+Arrays are borrowed, never copied: params and states are updated in place. NumPy example::
+
+    import numpy as np, lbopt.functional as F
+    p = np.random.randn(1000).astype(np.float32); g = np.ones_like(p)
+    m, v = F.zeros_state("4bit", p.size), F.zeros_state("4bit", p.size)
+    F.adamw_step([p], [g], [{"m": m, "v": v}], lr=1e-3, steps=[1], kind="4bit")
+"""
+import ctypes
+
+from . import _abi
+from ._dlpack import borrow
+
+KINDS = {"4bit": _abi.STATE_4BIT, "8bit": _abi.STATE_8BIT, "fp8": _abi.STATE_FP8, "fp32": _abi.STATE_FP32}
+
+
+def kind_id(kind):
+    """The lbopt_state_kind of '4bit' / '8bit' / 'fp8' / 'fp32' (or an int already)."""
+    if isinstance(kind, int):
+        return kind
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise ValueError(f"lbopt: unknown state kind {kind!r} (one of {', '.join(KINDS)})") from None
+
+
+def state_layout(kind, numel):
+    """Sizes of one state: {'codes_numel', 'codes_bytes', 'codes_dtype' ('uint8' or 'float32'), 'scales_numel',
+    'block_size'}."""
+    lay = _abi.layout(kind_id(kind), numel)
+    return {
+        "codes_numel": lay.codes_numel,
+        "codes_bytes": lay.codes_bytes,
+        "codes_dtype": "float32" if lay.codes_dtype.code == _abi.kDLFloat else "uint8",
+        "scales_numel": lay.scales_numel,
+        "block_size": lay.block_size,
+    }
+
+
+def zeros_state(kind, numel, zeros=None):
+    """A fresh (all-zero) state {'codes', 'scales'} from zeros(n, dtype_name) (default: numpy.zeros)."""
+    if zeros is None:
+        import numpy
+
+        def zeros(n, dtype):
+            return numpy.zeros(n, dtype=dtype)
+
+    lay = state_layout(kind, numel)
+    scales = zeros(lay["scales_numel"], "float32") if kind_id(kind) != _abi.STATE_FP32 else None
+    return {"codes": zeros(lay["codes_numel"], lay["codes_dtype"]), "scales": scales}
+
+
+def _state(st, views):
+    """An lbopt_state of a {'codes', 'scales'} dict (or None); views collects what must stay alive."""
+    if st is None:
+        return _abi.State()
+    codes = borrow(st["codes"], writable=True)
+    scales = borrow(st["scales"], writable=True) if st.get("scales") is not None else None
+    views += [codes, scales]
+    return _abi.State(codes.ptr, scales.ptr if scales else None)
+
+
+def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+               adam=False, amsgrad=False, maximize=False, bf16_stochastic_round=False, seed=0,
+               skip_nonfinite=False):
+    """One fused AdamW (or Adam with adam=True) step over many tensors, in place.
+
+    states[i] is {'m': state, 'v': state} (and 'vmax' with amsgrad), each state {'codes', 'scales'};
+    steps[i] is the step count this call makes for params[i] (1 on the first call). Returns a list of bools:
+    True where a tensor was skipped for a non-finite gradient (with skip_nonfinite)."""
+    n = len(params)
+    if not (len(grads) == len(states) == len(steps) == n):
+        raise ValueError("lbopt: params, grads, states and steps must have the same length")
+    flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if adam else 0) | (_abi.FLAG_AMSGRAD if amsgrad else 0)
+             | (_abi.FLAG_MAXIMIZE if maximize else 0) | (_abi.FLAG_BF16_STOCHASTIC_ROUND if bf16_stochastic_round
+                                                          else 0) | (_abi.FLAG_SKIP_NONFINITE if skip_nonfinite else 0))
+    cfg = _abi.adamw_config(kind_id(kind), betas, eps, weight_decay, flags, seed)
+    views = []
+    slots = (_abi.AdamWSlot * n)()
+    for i in range(n):
+        p, g = borrow(params[i], writable=True), borrow(grads[i])
+        views += [p, g]
+        s = slots[i]
+        s.struct_size = ctypes.sizeof(_abi.AdamWSlot)
+        s.param, s.grad = p.ptr, g.ptr
+        s.m, s.v = _state(states[i]["m"], views), _state(states[i]["v"], views)
+        s.vmax = _state(states[i].get("vmax") if amsgrad else None, views)
+        s.step = int(steps[i])
+    skipped = (ctypes.c_uint8 * n)()
+    shape = (ctypes.c_int64 * 1)(n)
+    skipped_dl = _abi.DLTensor(ctypes.cast(skipped, ctypes.c_void_p), _abi.DLDevice(_abi.kDLCPU, 0), 1,
+                               _abi.DLDataType(_abi.kDLUInt, 8, 1), shape, None, 0)
+    opts = _abi.StepOptions()
+    _abi.check(_abi.lib.lbopt_step_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
+    device = params[0] if n else None
+    if n and borrow(device).dl.device.device_type == _abi.kDLCPU:
+        opts.skipped = ctypes.pointer(skipped_dl)
+    _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(cfg), float(lr), slots, n, ctypes.byref(opts)))
+    return [bool(skipped[i]) for i in range(n)]
+
+
+def quantize(kind, moment, src, state):
+    """Quantize a float32 array into state {'codes', 'scales'}; moment 'm' (first) or 'v' (second)."""
+    views = []
+    st = _state(state, views)
+    _abi.check(_abi.lib.lbopt_quantize(kind_id(kind), _moment(moment), borrow(src).ptr, st, None))
+
+
+def dequantize(kind, moment, state, dst):
+    """Decode state {'codes', 'scales'} into a float32 array dst."""
+    views = []
+    st = _state(state, views)
+    _abi.check(_abi.lib.lbopt_dequantize(kind_id(kind), _moment(moment), st, borrow(dst, writable=True).ptr, None))
+
+
+def _moment(moment):
+    if moment in ("m", 0):
+        return _abi.MOMENT_FIRST
+    if moment in ("v", "vmax", 1):
+        return _abi.MOMENT_SECOND
+    raise ValueError(f"lbopt: moment must be 'm' or 'v', not {moment!r}")
