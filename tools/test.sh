@@ -10,5 +10,9 @@ else meson setup "$dir" -Dwerror=true --buildtype=debugoptimized >/dev/null || e
 ninja -C "$dir" || exit 1
 meson test -C "$dir" --print-errorlogs
 status=$?
-python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" || exit 1
+# Python: the package from bindings/python against the library just built
+python3 -m pip install -q -r tools/requirements-test.txt || exit 1
+LBOPT_LIBRARY="$PWD/$dir/liblbopt.so.0" python3 -m pytest -q -p no:cacheprovider --junitxml="$dir/pytest.xml" \
+  tests/python || status=1
+python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" "$dir/pytest.xml" || exit 1
 exit $status
