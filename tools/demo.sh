@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job: sets up a fresh machine, builds lbopt and runs the C training example (4-bit, 8-bit, FP8 and
-# fp32 states with a warm-up + cosine lr that changes every call).
+# The main job: sets up a fresh machine (apt: build tools, DLPack, the fortunes corpus; pip: torch, tqdm,
+# matplotlib, and lbopt itself from this checkout), then trains a character-level transformer with torch AdamW,
+# lbopt 8-bit and lbopt 4-bit states (and torchao 4-bit when installed), a warm-up + cosine lr changing every
+# step. Extra arguments go to `python -m lbopt.demo` (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
-[ -d build-release ] || meson setup build-release --buildtype=release >/dev/null
-ninja -C build-release examples/train_c >/dev/null
-./build-release/examples/train_c
+python3 -m pip install -q torch tqdm matplotlib
+python3 -m pip install -q .
+cd /tmp && python3 -m lbopt.demo "$@"

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Optimizer step time on CPU, lbopt vs peers, same run, with a constant lr and with a cosine lr changed on every
+step; and the per-step Python overhead on a model of many small parameters.
+
+usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \
+       python3 bench/bench_torch.py [--params 50e6] [--steps 10] [--small 300]
+Prints markdown tables (for docs/benchmarks.md).
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+
+import lbopt
+import lbopt.torch as lt
+
+
+def make_params(total, width=4096):
+    rows = max(1, int(total) // width)
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(rows // 4, width) * 0.02) for _ in range(4)]
+    for p in ps:
+        p.grad = torch.randn_like(p) * 1e-3
+    return ps
+
+
+def cosine(step, total, peak=1e-3):
+    return peak * 0.5 * (1 + math.cos(math.pi * step / total))
+
+
+def time_steps(opt, steps, schedule):
+    """Median seconds of one optimizer step; the lr is set before each step (float or tensor fill_)."""
+    times = []
+    for s in range(steps + 2):  # two warm-up steps (torch.compile, thread pool, first-touch of states)
+        lr = cosine(s, steps) if schedule == "cosine" else 1e-3
+        for g in opt.param_groups:
+            if torch.is_tensor(g["lr"]):
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
+        t0 = time.perf_counter()
+        opt.step()
+        if s >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def candidates(tensor_lr_for_torchao):
+    out = {
+        "lbopt AdamW4bit": lambda ps: lt.AdamW4bit(ps, lr=1e-3),
+        "lbopt AdamW8bit": lambda ps: lt.AdamW8bit(ps, lr=1e-3),
+        "lbopt AdamW (fp32 states)": lambda ps: lt.AdamW(ps, lr=1e-3),
+        "torch AdamW(fused=True)": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+    }
+    try:
+        import torchao.optim as ao
+
+        out["torchao AdamW4bit, float lr"] = lambda ps: ao.AdamW4bit(ps, lr=1e-3)
+        if tensor_lr_for_torchao:
+            out["torchao AdamW4bit, tensor lr"] = lambda ps: ao.AdamW4bit(ps, lr=torch.tensor(1e-3))
+    except ImportError:
+        pass
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=float, default=50e6)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--small", type=int, default=300)
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, lbopt {lbopt.version()}, threads: torch {torch.get_num_threads()}, "
+          f"lbopt {lbopt.get_num_threads()}; {lbopt.build_info()['cpu_kernels']} CPU kernels\n")
+
+    print(f"## Step time, {args.params / 1e6:.0f}M fp32 params, median of {args.steps} steps\n")
+    print("| optimizer | constant lr (ms) | cosine lr (ms) | cosine / constant | vs torch fused (constant) |")
+    print("|---|---|---|---|---|")
+    rows = {}
+    for name, make in candidates(True).items():
+        res = {}
+        for schedule in ("constant", "cosine"):
+            ps = make_params(args.params)
+            opt = make(ps)
+            res[schedule] = time_steps(opt, args.steps, schedule)
+            del opt, ps
+        rows[name] = res
+    ref = rows["torch AdamW(fused=True)"]["constant"]
+    for name, r in rows.items():
+        print(f"| {name} | {r['constant'] * 1e3:.1f} | {r['cosine'] * 1e3:.1f} | {r['cosine'] / r['constant']:.3f} "
+              f"| {ref / r['constant']:.2f}x |")
+
+    print(f"\n## Per-step overhead, {args.small} params of 64 elements, median of 50 steps\n")
+    print("| optimizer | us per step |")
+    print("|---|---|")
+    for name, make in (("lbopt AdamW4bit", lambda ps: lt.AdamW4bit(ps, lr=1e-3)),
+                       ("lbopt AdamW (fp32 states)", lambda ps: lt.AdamW(ps, lr=1e-3)),
+                       ("torch AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)),
+                       ("torch AdamW(foreach=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True))):
+        ps = [torch.nn.Parameter(torch.randn(64)) for _ in range(args.small)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt = make(ps)
+        print(f"| {name} | {time_steps(opt, 50, 'cosine') * 1e6:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
