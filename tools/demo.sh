@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 tools/install_deps.sh
 python3 -m pip install -q torch tqdm matplotlib
 python3 -m pip install -q .
-cd /tmp && python3 -m lbopt.demo "$@"
+python3 -m lbopt.demo "$@"
