@@ -17,10 +17,36 @@ enum class Access { kRead, kWrite };
 // What a tensor argument may be.
 enum class Want { kParam, kCodes, kScales, kFloat32, kFlags };
 
+// The name of an argument, formatted only when a message needs it (a call validates thousands of tensors):
+// {"slots", 3, "m", "codes"} reads "slots[3].m.codes".
+struct ArgName {
+  const char* base;
+  int64_t index = -1;
+  const char* field = nullptr;
+  const char* sub = nullptr;
+
+  ArgName with_sub(const char* s) const { return {base, index, field, s}; }
+};
+
+// An ArgName as text, for the duration of one fail() call: fail(..., "%s", Text(name).c_str()).
+class Text {
+ public:
+  explicit Text(const ArgName& n) {
+    int len = n.index >= 0 ? snprintf(buf_, sizeof buf_, "%s[%lld]", n.base, (long long)n.index)
+                           : snprintf(buf_, sizeof buf_, "%s", n.base);
+    for (const char* part : {n.field, n.sub})
+      if (part && len < int(sizeof buf_)) len += snprintf(buf_ + len, sizeof buf_ - size_t(len), ".%s", part);
+  }
+  const char* c_str() const { return buf_; }
+
+ private:
+  char buf_[64];
+};
+
 struct Range {
   uintptr_t begin, end;
   bool written;
-  char name[40];
+  ArgName name;
 };
 
 const char* dtype_name(DLDataType t, char* buf, size_t size) {
@@ -52,8 +78,8 @@ class CallChecker {
     DLDataType dtype{};
   };
 
-  lbopt_status tensor(const DLTensor* t, const char* name, Want want, Access access, View* out) {
-    if (!t) return fail(LBOPT_ERR_NULL_POINTER, "%s: tensor pointer is NULL", name);
+  lbopt_status tensor(const DLTensor* t, const ArgName& arg, Want want, Access access, View* out) {
+    if (!t) return fail(LBOPT_ERR_NULL_POINTER, "%s: tensor pointer is NULL", Text(arg).c_str());
     char buf[48];
     // dtype
     const DLDataType dt = t->dtype;
@@ -67,18 +93,18 @@ class CallChecker {
                             : want == Want::kCodes ? "uint8 (quantized) or float32 (LBOPT_STATE_FP32)"
                             : want == Want::kFlags ? "uint8"
                                                    : "float32";
-      return fail(LBOPT_ERR_DTYPE, "%s: dtype %s is not supported here (expected %s)", name,
+      return fail(LBOPT_ERR_DTYPE, "%s: dtype %s is not supported here (expected %s)", Text(arg).c_str(),
                   dtype_name(dt, buf, sizeof buf), allowed);
     }
     // shape and element count
-    if (t->ndim < 0) return fail(LBOPT_ERR_SHAPE, "%s: ndim %d is negative", name, t->ndim);
-    if (t->ndim > 0 && !t->shape) return fail(LBOPT_ERR_NULL_POINTER, "%s: shape is NULL with ndim %d", name, t->ndim);
+    if (t->ndim < 0) return fail(LBOPT_ERR_SHAPE, "%s: ndim %d is negative", Text(arg).c_str(), t->ndim);
+    if (t->ndim > 0 && !t->shape) return fail(LBOPT_ERR_NULL_POINTER, "%s: shape is NULL with ndim %d", Text(arg).c_str(), t->ndim);
     int64_t numel = 1;
     for (int d = 0; d < t->ndim; ++d) {
       const int64_t n = t->shape[d];
-      if (n < 0) return fail(LBOPT_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d, (long long)n);
+      if (n < 0) return fail(LBOPT_ERR_SHAPE, "%s: shape[%d] = %lld is negative", Text(arg).c_str(), d, (long long)n);
       if (n != 0 && numel > INT64_MAX / n)
-        return fail(LBOPT_ERR_SHAPE, "%s: element count overflows int64", name);
+        return fail(LBOPT_ERR_SHAPE, "%s: element count overflows int64", Text(arg).c_str());
       numel *= n;
     }
     // strides: NULL or compact row-major (a dimension of extent 1 may carry any stride)
@@ -86,13 +112,13 @@ class CallChecker {
       int64_t expected = 1;
       for (int d = t->ndim - 1; d >= 0; --d) {
         if (t->shape[d] != 1 && t->strides[d] != expected)
-          return fail(LBOPT_ERR_STRIDE, "%s: strides[%d] = %lld, compact row-major needs %lld", name, d,
+          return fail(LBOPT_ERR_STRIDE, "%s: strides[%d] = %lld, compact row-major needs %lld", Text(arg).c_str(), d,
                       (long long)t->strides[d], (long long)expected);
         expected *= t->shape[d];
       }
     }
     const int64_t elem = dt.bits / 8;
-    if (numel > INT64_MAX / elem) return fail(LBOPT_ERR_SHAPE, "%s: byte size overflows int64", name);
+    if (numel > INT64_MAX / elem) return fail(LBOPT_ERR_SHAPE, "%s: byte size overflows int64", Text(arg).c_str());
     // device
     Device dev;
     switch (t->device.device_type) {
@@ -100,31 +126,29 @@ class CallChecker {
       case kDLCUDAHost: dev = {DeviceClass::kHost, 0}; break;
       case kDLCUDA: dev = {DeviceClass::kCuda, t->device.device_id}; break;
       default:
-        return fail(LBOPT_ERR_DEVICE, "%s: device type %d is not supported (CPU, CUDAHost or CUDA)", name,
+        return fail(LBOPT_ERR_DEVICE, "%s: device type %d is not supported (CPU, CUDAHost or CUDA)", Text(arg).c_str(),
                     int(t->device.device_type));
     }
     if (!have_device_) {
       device_ = dev;
       have_device_ = true;
-      snprintf(first_name_, sizeof first_name_, "%s", name);
+      first_arg_ = arg;
     } else if (dev.cls != device_.cls || dev.id != device_.id) {
-      return fail(LBOPT_ERR_DEVICE, "%s: on %s:%d but %s is on %s:%d; one call uses one device", name,
+      return fail(LBOPT_ERR_DEVICE, "%s: on %s:%d but %s is on %s:%d; one call uses one device", Text(arg).c_str(),
                   dev.cls == DeviceClass::kCuda ? "cuda" : "cpu", dev.id,
-                  first_name_, device_.cls == DeviceClass::kCuda ? "cuda" : "cpu", device_.id);
+                  Text(first_arg_).c_str(), device_.cls == DeviceClass::kCuda ? "cuda" : "cpu", device_.id);
     }
     // data and alignment
-    if (!t->data && numel > 0) return fail(LBOPT_ERR_NULL_POINTER, "%s: data is NULL", name);
+    if (!t->data && numel > 0) return fail(LBOPT_ERR_NULL_POINTER, "%s: data is NULL", Text(arg).c_str());
     const uintptr_t addr = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
     if (addr < reinterpret_cast<uintptr_t>(t->data))
-      return fail(LBOPT_ERR_ALIGNMENT, "%s: byte_offset %llu wraps the address space", name,
+      return fail(LBOPT_ERR_ALIGNMENT, "%s: byte_offset %llu wraps the address space", Text(arg).c_str(),
                   (unsigned long long)t->byte_offset);
     if (addr % uintptr_t(elem) != 0)
       return fail(LBOPT_ERR_ALIGNMENT, "%s: data + byte_offset (%llu) is not aligned to its %lld-byte elements",
-                  name, (unsigned long long)t->byte_offset, (long long)elem);
+                  Text(arg).c_str(), (unsigned long long)t->byte_offset, (long long)elem);
     if (numel > 0) {
-      Range r{addr, addr + uintptr_t(numel * elem), access == Access::kWrite, {}};
-      snprintf(r.name, sizeof r.name, "%s", name);
-      ranges().push_back(r);
+      ranges().push_back(Range{addr, addr + uintptr_t(numel * elem), access == Access::kWrite, arg});
     }
     out->data = reinterpret_cast<uint8_t*>(addr);
     out->numel = numel;
@@ -143,7 +167,9 @@ class CallChecker {
       const Range* hit = nullptr;
       if (far_written && r.begin < far_written->end) hit = far_written;
       else if (r.written && far_any && r.begin < far_any->end) hit = far_any;
-      if (hit) return fail(LBOPT_ERR_OVERLAP, "%s overlaps %s; written buffers must not alias", r.name, hit->name);
+      if (hit)
+        return fail(LBOPT_ERR_OVERLAP, "%s overlaps %s; written buffers must not alias", Text(r.name).c_str(),
+                    Text(hit->name).c_str());
       if (!far_any || r.end > far_any->end) far_any = &r;
       if (r.written && (!far_written || r.end > far_written->end)) far_written = &r;
     }
@@ -153,7 +179,7 @@ class CallChecker {
   lbopt_status device_supported() const {
     if (!have_device_ || device_.cls == DeviceClass::kHost) return LBOPT_OK;
     return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but this build of lbopt has no CUDA backend",
-                first_name_, device_.id);
+                Text(first_arg_).c_str(), device_.id);
   }
 
   Device device() const { return device_; }
@@ -167,34 +193,35 @@ class CallChecker {
 
   Device device_{};
   bool have_device_ = false;
-  char first_name_[40] = "";  // copied: callers reuse their name buffers
+  ArgName first_arg_{""};
 };
 
 // Codes and scales of one state, sized for kind and numel.
-lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state st, const char* name, Access access,
-                         StateRef* out) {
-  char field[40];
+lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state st, const ArgName& arg,
+                         Access access, StateRef* out) {
   if (numel > INT64_MAX / 4)
-    return fail(LBOPT_ERR_SHAPE, "%s: a state of %lld elements is too large", name, (long long)numel);
+    return fail(LBOPT_ERR_SHAPE, "%s: a state of %lld elements is too large", Text(arg).c_str(), (long long)numel);
   const lbopt_layout layout = layout_of(kind, numel);
   CallChecker::View codes, scales;
-  snprintf(field, sizeof field, "%s.codes", name);
-  LBOPT_TRY(ck.tensor(st.codes, field, Want::kCodes, access, &codes));
+  const ArgName codes_arg = arg.with_sub("codes"), scales_arg = arg.with_sub("scales");
+  LBOPT_TRY(ck.tensor(st.codes, codes_arg, Want::kCodes, access, &codes));
   const bool want_float = kind == kStateFp32;
   if (is(codes.dtype, kDLFloat, 32) != want_float)
-    return fail(LBOPT_ERR_DTYPE, "%s: dtype must be %s for this state kind", field, want_float ? "float32" : "uint8");
+    return fail(LBOPT_ERR_DTYPE, "%s: dtype must be %s for this state kind", Text(codes_arg).c_str(),
+                want_float ? "float32" : "uint8");
   if (codes.numel != layout.codes_numel)
-    return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld", field,
-                (long long)codes.numel, (long long)numel, (long long)layout.codes_numel);
-  snprintf(field, sizeof field, "%s.scales", name);
+    return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld",
+                Text(codes_arg).c_str(), (long long)codes.numel, (long long)numel, (long long)layout.codes_numel);
   if (kind == kStateFp32) {
-    if (st.scales) return fail(LBOPT_ERR_INVALID_VALUE, "%s: must be NULL for LBOPT_STATE_FP32", field);
+    if (st.scales)
+      return fail(LBOPT_ERR_INVALID_VALUE, "%s: must be NULL for LBOPT_STATE_FP32", Text(scales_arg).c_str());
   } else {
-    if (!st.scales) return fail(LBOPT_ERR_NULL_POINTER, "%s: tensor pointer is NULL", field);
-    LBOPT_TRY(ck.tensor(st.scales, field, Want::kScales, access, &scales));
+    if (!st.scales) return fail(LBOPT_ERR_NULL_POINTER, "%s: tensor pointer is NULL", Text(scales_arg).c_str());
+    LBOPT_TRY(ck.tensor(st.scales, scales_arg, Want::kScales, access, &scales));
     if (scales.numel != layout.scales_numel)
-      return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld", field,
-                  (long long)scales.numel, (long long)numel, (long long)layout.scales_numel);
+      return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld",
+                  Text(scales_arg).c_str(), (long long)scales.numel, (long long)numel,
+                  (long long)layout.scales_numel);
   }
   out->codes = codes.data;
   out->scales = reinterpret_cast<float*>(scales.data);
@@ -227,7 +254,7 @@ lbopt_status check_config(const lbopt_adamw_config* c) {
 lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, const float** out) {
   if (!t) return LBOPT_OK;
   CallChecker::View v;
-  LBOPT_TRY(ck.tensor(t, name, Want::kFloat32, Access::kRead, &v));
+  LBOPT_TRY(ck.tensor(t, ArgName{name}, Want::kFloat32, Access::kRead, &v));
   if (v.numel != 1) return fail(LBOPT_ERR_SHAPE, "%s: has %lld elements, expected 1", name, (long long)v.numel);
   *out = reinterpret_cast<const float*>(v.data);
   return LBOPT_OK;
@@ -273,8 +300,8 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lb
   CallChecker ck;
   plan->slots.clear();
   plan->slots.reserve(n_slots);
-  char name[40];
   for (size_t i = 0; i < n_slots; ++i) {
+    const auto arg = [i](const char* field) { return ArgName{"slots", int64_t(i), field}; };
     const lbopt_adamw_slot& s = slots[i];
     if (s.struct_size != sizeof(lbopt_adamw_slot))
       return fail(LBOPT_ERR_STRUCT_SIZE, "slots[%zu].struct_size = %u, this library knows %zu", i, s.struct_size,
@@ -282,10 +309,8 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lb
     if (s.step < 1) return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].step = %lld must be >= 1", i, (long long)s.step);
     StepSlot out;
     CallChecker::View p, g;
-    snprintf(name, sizeof name, "slots[%zu].param", i);
-    LBOPT_TRY(ck.tensor(s.param, name, Want::kParam, Access::kWrite, &p));
-    snprintf(name, sizeof name, "slots[%zu].grad", i);
-    LBOPT_TRY(ck.tensor(s.grad, name, Want::kParam, Access::kRead, &g));
+    LBOPT_TRY(ck.tensor(s.param, arg("param"), Want::kParam, Access::kWrite, &p));
+    LBOPT_TRY(ck.tensor(s.grad, arg("grad"), Want::kParam, Access::kRead, &g));
     if (s.param->ndim != s.grad->ndim ||
         (s.param->ndim > 0 && memcmp(s.param->shape, s.grad->shape, sizeof(int64_t) * size_t(s.param->ndim)) != 0))
       return fail(LBOPT_ERR_SHAPE, "slots[%zu].grad: shape differs from the param's (%d-d, %lld elements vs %d-d, "
@@ -296,15 +321,12 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lb
     out.grad = g.data;
     out.numel = p.numel;
     out.step = s.step;
-    snprintf(name, sizeof name, "slots[%zu].m", i);
-    LBOPT_TRY(check_state(ck, kind, p.numel, s.m, name, Access::kWrite, &out.m));
-    snprintf(name, sizeof name, "slots[%zu].v", i);
-    LBOPT_TRY(check_state(ck, kind, p.numel, s.v, name, Access::kWrite, &out.v));
-    snprintf(name, sizeof name, "slots[%zu].vmax", i);
+    LBOPT_TRY(check_state(ck, kind, p.numel, s.m, arg("m"), Access::kWrite, &out.m));
+    LBOPT_TRY(check_state(ck, kind, p.numel, s.v, arg("v"), Access::kWrite, &out.v));
     if (amsgrad) {
-      LBOPT_TRY(check_state(ck, kind, p.numel, s.vmax, name, Access::kWrite, &out.vmax));
+      LBOPT_TRY(check_state(ck, kind, p.numel, s.vmax, arg("vmax"), Access::kWrite, &out.vmax));
     } else if (s.vmax.codes || s.vmax.scales) {
-      return fail(LBOPT_ERR_INVALID_VALUE, "%s: given without LBOPT_FLAG_AMSGRAD; pass {NULL, NULL}", name);
+      return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].vmax: given without LBOPT_FLAG_AMSGRAD; pass {NULL, NULL}", i);
     }
     plan->slots.push_back(out);
   }
@@ -316,7 +338,7 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lb
     LBOPT_TRY(check_scalar(ck, options->found_inf, "options.found_inf", &plan->found_inf));
     if (options->skipped) {
       CallChecker::View v;
-      LBOPT_TRY(ck.tensor(options->skipped, "options.skipped", Want::kFlags, Access::kWrite, &v));
+      LBOPT_TRY(ck.tensor(options->skipped, ArgName{"options.skipped"}, Want::kFlags, Access::kWrite, &v));
       if (v.numel != int64_t(n_slots))
         return fail(LBOPT_ERR_SHAPE, "options.skipped: has %lld elements, expected n_slots = %zu", (long long)v.numel,
                     n_slots);
@@ -345,10 +367,10 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
     return fail(LBOPT_ERR_INVALID_VALUE, "moment = %d is not an lbopt_moment", int(moment));
   CallChecker ck;
   CallChecker::View v;
-  const char* vname = to_state ? "src" : "dst";
-  LBOPT_TRY(ck.tensor(values, vname, Want::kFloat32, to_state ? Access::kRead : Access::kWrite, &v));
-  LBOPT_TRY(check_state(ck, kind, v.numel, state, to_state ? "dst" : "src", to_state ? Access::kWrite : Access::kRead,
-                        &plan->state));
+  LBOPT_TRY(ck.tensor(values, ArgName{to_state ? "src" : "dst"}, Want::kFloat32,
+                      to_state ? Access::kRead : Access::kWrite, &v));
+  LBOPT_TRY(check_state(ck, kind, v.numel, state, ArgName{to_state ? "dst" : "src"},
+                        to_state ? Access::kWrite : Access::kRead, &plan->state));
   LBOPT_TRY(ck.check_overlaps());
   LBOPT_TRY(ck.device_supported());
   plan->device = ck.device();
@@ -366,7 +388,7 @@ lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_sta
   if (numel < 0 || numel > INT64_MAX / 4)
     return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is outside [0, INT64_MAX / 4]", (long long)numel);
   CallChecker ck;
-  LBOPT_TRY(check_state(ck, kind, numel, state, "state", Access::kWrite, &plan->state));
+  LBOPT_TRY(check_state(ck, kind, numel, state, ArgName{"state"}, Access::kWrite, &plan->state));
   LBOPT_TRY(ck.check_overlaps());
   LBOPT_TRY(ck.device_supported());
   plan->device = ck.device();

@@ -63,6 +63,17 @@ def train(model, opt, start, stop):
 # ---- helpers -------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread, here and in the fresh process: the same matmuls there and here, and no OpenMP
+    spinning on a busy machine (these tiny models gain nothing from threads)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
 def roundtrip(obj, **load_kwargs):
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -191,6 +202,7 @@ def test_resume_in_fresh_process(tmp_path):
     script = tmp_path / "resume.py"
     script.write_text(
         "import sys, torch\n"
+        "torch.set_num_threads(1)\n"
         "import test_checkpoint as T\n"
         "saved = torch.load(sys.argv[1], weights_only=True, map_location='cpu')\n"
         "out = {}\n"
@@ -203,7 +215,7 @@ def test_resume_in_fresh_process(tmp_path):
         "    out[config] = {'params': [p.detach().clone() for p in ps],\n"
         "                   'states': [dict(opt.state[p]) for p in ps]}\n"
         "torch.save(out, sys.argv[2])\n")
-    env = dict(os.environ)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     import lbopt
 
     paths = [str(pathlib.Path(lbopt.__file__).resolve().parents[1]), str(pathlib.Path(__file__).resolve().parent)]

