@@ -50,7 +50,7 @@ inline StepScalars make_step_scalars(double lr, int64_t step, double beta1, doub
 LBOPT_HD void adamw_element(const StepScalars& s, float& p, float grad, float& m, float& v, float& vmax) {
   float g = grad * s.grad_factor;
   if (s.coupled_decay) {
-    g = g + s.wd * p;
+    g = fmaf(s.wd, p, g);  // torch's grad.add(param, alpha=wd): one rounding
   } else {
     p = p * s.decay_factor;
   }

@@ -18,10 +18,11 @@ Measured with torch 2.15 / torchao 0.18 on CPU (2 threads):
 
 * codebooks: identical bit for bit; encoding identical except at exact decision midpoints (one code, near-tie)
   and the zero guard; FP8 encoding identical to torch's float8_e4m3fn cast.
-* two steps on well-conditioned gradients: every code identical, scales within 2e-7 relative, params within 5e-8.
-  On Gaussian gradients the zero guard fires for 0.12% (8-bit) and 0.35% (FP8) of the first step's v codes;
-  those elements' step-2 updates differ (by up to 1.3e-4 for FP8, smaller in lbopt), all others within 5e-8.
-* 100-step loss curves (see LOSS_TOL).
+* two steps on well-conditioned gradients: every code identical, scales within 2e-7 relative, params within 3e-8.
+  On Gaussian gradients the zero guard fires for 0.09% (8-bit) and 0.35% (FP8) of the first step's v codes;
+  those elements' step-2 updates differ (by up to 1.5e-6 for 8-bit, 4.4e-4 for FP8; always smaller in lbopt),
+  all others stay within 3e-8.
+* 100-step loss curves: within 1.1e-4 .. 3.1e-4 relative (see LOSS_TOL).
 """
 import math
 
@@ -62,15 +63,17 @@ MOMENTS = (("exp_avg", "m"), ("exp_avg_sq", "v"))
 MAX_MISMATCH = 0.005  # fraction of codes allowed to differ (by exactly one code)
 SCALE_RTOL = 1e-6
 
-# Max relative difference of the loss curves |L_lbopt - L_torchao| / L_torchao over the 100 steps of
-# _train (MLP 128-128-128, tanh, MSE on a fixed batch), measured with torch 2.15 / torchao 0.18 on CPU:
-#   4bit: constant lr 1.91e-4, cosine lr 3.74e-5      (loss 0.50 -> 0.04 constant, 0.50 -> 0.07 cosine)
-#   8bit: constant lr 2.01e-4, cosine lr 1.03e-4
-#   fp8:  constant lr 2.85e-4, cosine lr 1.87e-4
+# Max relative difference of the loss curves, max_t |L_lbopt(t) - L_torchao(t)| / L_torchao(t), over the 100 steps of
+# _train (MLP 128-128-128, tanh, MSE on a fixed batch), measured with torch 2.15 / torchao 0.18 on CPU (the same
+# with 1, 2 and 4 threads):
+#   4bit: constant lr 1.60e-4, cosine lr 6.8e-6   (loss 0.719 -> 0.150 constant lr, 0.719 -> 0.300 cosine)
+#   8bit: constant lr 1.09e-4, cosine lr 2.7e-5   (0.719 -> 0.053, 0.186)
+#   fp8:  constant lr 3.06e-4, cosine lr 1.06e-4  (0.719 -> 0.050, 0.179)
 # The curves start bit-identical and drift apart as float-rounding (and, for 8-bit/FP8, zero-guard) differences
-# flip a code here and there; the tolerance is ~2x the constant-lr value, and the cosine runs must meet the same
-# one. For scale: the constant- and cosine-lr curves of one optimizer differ by ~50% at the end.
-LOSS_TOL = {"4bit": 4e-4, "8bit": 4e-4, "fp8": 6e-4}
+# flip a code now and then. The tolerance is 2x the constant-lr value; the cosine-lr runs must meet the same one.
+# For scale: the constant- and cosine-lr curves of one optimizer end 2-3.5x apart, and other data/init seeds
+# gave 0.7e-4 .. 1.2e-3 for the constant-lr runs (chaotic amplification), so a changed seed needs a re-measure.
+LOSS_TOL = {"4bit": 3.2e-4, "8bit": 2.2e-4, "fp8": 6.1e-4}
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------
@@ -341,17 +344,20 @@ def test_two_steps_match_torchao(kind, dist, warm_torchao):
         upd_a, upd_b = (w_a - before_a)[guarded].abs(), (w_b - before_b)[guarded].abs()
         assert torch.all(upd_b <= upd_a + 1e-8)
 
-        # bias: fp32 states in both (under min_quant_size); moments equal up to rounding
+        # bias: fp32 states in both (under min_quant_size); moments equal up to rounding (m cancels near 0)
         assert opt_b.state[pb[1]]["state_kind"] == "fp32"
         sd = lbt.to_torch_adamw_state_dict(opt_b)["state"][1]
         for name, _ in MOMENTS:
             assert type(opt_a.state[pa[1]][name]) is torch.Tensor
-            torch.testing.assert_close(sd[name], opt_a.state[pa[1]][name], rtol=1e-6, atol=1e-12)
+            ref = opt_a.state[pa[1]][name]
+            torch.testing.assert_close(sd[name], ref, rtol=1e-6, atol=1e-6 * ref.abs().max().item())
 
         mismatch, guard = _compare_states(kind, opt_a, pa[0], opt_b, pb[0])
         touched, guarded = mismatch, guard
         if kind == "4bit":  # the 4-bit v map has no zero
             assert not guard.any()
+        elif dist == "gaussian" and step == 1:  # the guard case is really exercised (0.09% / 0.35% of v codes)
+            assert guard.any()
         if dist == "bounded":
             assert not mismatch.any(), f"{kind}: {int(mismatch.sum())} codes differ on well-conditioned gradients"
     if dist == "bounded":  # nothing masked: the whole weight after 2 steps
@@ -390,10 +396,10 @@ def _loss_rel_diff(kind, schedule):
     curve_b, opt_b = _train(lambda ps: LBOPT[kind](ps, lr=LR, weight_decay=WD, min_quant_size=MIN_QUANT), schedule)
     # both optimizers really quantized the weights and kept the biases in fp32
     kinds = sorted(st["state_kind"] for st in opt_b.state.values())
-    assert kinds == ["fp32", "fp32", kind, kind]
+    assert kinds == sorted(["fp32", "fp32", kind, kind])
     assert sum(type(st["exp_avg"]).__name__.startswith("OptimState") for st in opt_a.state.values()) == 2
     # a real training run, and the first step sees identical params
-    assert curve_a[-1] < 0.25 * curve_a[0] and curve_b[-1] < 0.25 * curve_b[0]
+    assert curve_a[-1] < 0.5 * curve_a[0] and curve_b[-1] < 0.5 * curve_b[0]
     assert curve_a[0] == curve_b[0]
     return float(np.max(np.abs(curve_b - curve_a) / curve_a))
 

@@ -57,11 +57,12 @@ def _grad_key(g):
 
 class _ParamSlot:
     """The lbopt_adamw_slot of one param, with the views it points to: built once, rebuilt when the param's
-    storage moves (or the optimizer replaces its states: load_state_dict drops every slot), refreshed for the grad
-    on every step."""
+    storage moves or a state tensor is replaced, refreshed for the grad on every step."""
 
     def __init__(self, p, state):
         self.param_ptr = p.data_ptr()
+        self.state_keys = [k for k in state if torch.is_tensor(state[k])]
+        self.state_tensors = [state[k] for k in self.state_keys]
         self.views = [_view(p)]
         self.slot = _abi.AdamWSlot()
         self.slot.struct_size = ctypes.sizeof(_abi.AdamWSlot)
@@ -71,6 +72,10 @@ class _ParamSlot:
                 setattr(self.slot, field, _state_of(state, name, self.views))
         self.grad = View()
         self.grad_key = None
+
+    def fresh(self, p, state):
+        return self.param_ptr == p.data_ptr() and all(
+            state.get(k) is t for k, t in zip(self.state_keys, self.state_tensors))
 
 
     def set_grad(self, g):
@@ -178,7 +183,7 @@ class LowBitAdamW(torch.optim.Optimizer):
 
     def _slot(self, p, state):
         cached = self._slots.get(id(p))
-        if cached is None or cached.param_ptr != p.data_ptr():
+        if cached is None or not cached.fresh(p, state):
             cached = self._slots[id(p)] = _ParamSlot(p, state)
         return cached
 
