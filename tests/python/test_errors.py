@@ -177,10 +177,6 @@ def test_step_recovers_after_a_refused_step():
             assert (torch.equal(opt.state[p][k], v) if torch.is_tensor(v) else opt.state[p][k] == v), k
 
 
-@pytest.mark.xfail(strict=True, raises=lbopt.LbOptValueError,
-                   reason="bug: _ParamSlot.fresh (lbopt/torch.py) compares only the param's data_ptr and the state "
-                          "ids, so after p.data = p.data.view(new_shape) the cached DLTensor keeps the old shape and a "
-                          "valid step is refused with 'grad: shape differs'")
 def test_param_reshaped_in_place_still_steps():
     torch.manual_seed(1)
     init, g1, g2 = torch.randn(40, 130), torch.randn(40, 130), torch.randn(130, 40)
@@ -256,9 +252,6 @@ def test_add_param_group_with_bad_hyperparameter_raises():
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(10))], "eps": 0.0})
 
 
-@pytest.mark.xfail(strict=True, reason="bug: LowBitAdamW.add_param_group appends the group (super().add_param_group) "
-                   "before validating it, so a refused group stays in param_groups and every later step() steps the "
-                   "valid groups, then raises")
 def test_refused_param_group_is_not_added():
     opt, params = primed()
     n_groups = len(opt.param_groups)
@@ -280,14 +273,10 @@ def test_unknown_state_kind_string(bad):
         LT.LowBitAdamW([p], state_kind=bad)
 
 
-def test_unknown_state_kind_number_is_refused_by_the_first_step():
+def test_unknown_state_kind_number_is_refused_at_construction():
     p = torch.nn.Parameter(torch.randn(100))
-    p0 = p.detach().clone()
-    opt = LT.LowBitAdamW([p], state_kind=7, min_quant_size=0)  # ints pass kind_id unchecked
-    p.grad = torch.randn(100)
     with pytest.raises(lbopt.LbOptValueError, match=r"kind = 7 is not an lbopt_state_kind"):
-        opt.step()
-    assert torch.equal(p, p0) and not opt.state[p]
+        LT.LowBitAdamW([p], state_kind=7, min_quant_size=0)
 
 
 # ---- functional API ------------------------------------------------------------------------------------------

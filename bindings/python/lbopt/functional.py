@@ -102,16 +102,16 @@ def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.9
 
 def quantize(kind, moment, src, state):
     """Quantize a float32 array into state {'codes', 'scales'}; moment 'm' (first) or 'v' (second)."""
-    views = []
+    views = [borrow(src)]  # kept alive across the call: the capsule owns the shape the library reads
     st = _state(state, views)
-    _abi.check(_abi.lib.lbopt_quantize(kind_id(kind), _moment(moment), borrow(src).ptr, st, None))
+    _abi.check(_abi.lib.lbopt_quantize(kind_id(kind), _moment(moment), views[0].ptr, st, None))
 
 
 def dequantize(kind, moment, state, dst):
     """Decode state {'codes', 'scales'} into a float32 array dst."""
-    views = []
+    views = [borrow(dst, writable=True)]
     st = _state(state, views)
-    _abi.check(_abi.lib.lbopt_dequantize(kind_id(kind), _moment(moment), st, borrow(dst, writable=True).ptr, None))
+    _abi.check(_abi.lib.lbopt_dequantize(kind_id(kind), _moment(moment), st, views[0].ptr, None))
 
 
 def _moment(moment):

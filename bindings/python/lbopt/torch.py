@@ -60,7 +60,7 @@ class _ParamSlot:
     storage moves or a state tensor is replaced, refreshed for the grad on every step."""
 
     def __init__(self, p, state):
-        self.param_ptr = p.data_ptr()
+        self.param_key = (p.data_ptr(), p.shape, p.stride())
         self.state_keys = [k for k in state if torch.is_tensor(state[k])]
         self.state_tensors = [state[k] for k in self.state_keys]
         self.views = [_view(p)]
@@ -74,7 +74,7 @@ class _ParamSlot:
         self.grad_key = None
 
     def fresh(self, p, state):
-        return self.param_ptr == p.data_ptr() and all(
+        return self.param_key == (p.data_ptr(), p.shape, p.stride()) and all(
             state.get(k) is t for k, t in zip(self.state_keys, self.state_tensors))
 
 
@@ -115,6 +115,7 @@ class LowBitAdamW(torch.optim.Optimizer):
                         maximize=maximize, fp32_state=False)
         super().__init__(params, defaults)
         self.state_kind = kind_id(state_kind)
+        _abi.layout(self.state_kind, 0)  # the library refuses an unknown kind
         self.adam = adam
         self.min_quant_size = min_quant_size
         self.bf16_stochastic_round = bf16_stochastic_round
@@ -158,8 +159,12 @@ class LowBitAdamW(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
-        if hasattr(self, "_slots"):
-            self._validate_group(self.param_groups[-1])
+        if hasattr(self, "_slots"):  # groups given to __init__ are validated there, once all attributes exist
+            try:
+                self._validate_group(self.param_groups[-1])
+            except Exception:
+                self.param_groups.pop()
+                raise
 
     # ---- state -----------------------------------------------------------------------------------------------
 
@@ -239,17 +244,22 @@ class LowBitAdamW(torch.optim.Optimizer):
     # ---- checkpoints -----------------------------------------------------------------------------------------
 
     def load_state_dict(self, state_dict):
-        """Loads states saved by state_dict() (plain tensors; map_location and weights_only=True work). The state
-        tensors keep their dtypes (torch's default would cast float32 scales to the param dtype) and move to
-        their param's device; a state of another kind or size than this optimizer would create is refused."""
-        saved = {k: dict(v) for k, v in state_dict["state"].items()}
-        super().load_state_dict(state_dict)
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        for pid, (p, group, name) in zip(ids, self._params()):
-            if pid not in saved:
-                continue
-            st = {k: (v.to(p.device) if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
-            self._check_loaded(p, group, name, st)
+        """Loads states saved by state_dict() (plain tensors; map_location and weights_only=True work). Everything
+        is checked before anything changes: a state of another kind or size than this optimizer would create for
+        its param is refused with ValueError. The state tensors keep their dtypes (torch's default would cast
+        float32 scales to the param dtype) and move to their param's device."""
+        groups = [{**self.defaults, **g} for g in state_dict["param_groups"]]  # e.g. torch.optim.AdamW's groups
+        saved = state_dict["state"]
+        loaded = {}
+        for saved_group, group in zip(groups, self.param_groups):
+            names = group.get("param_names") or [None] * len(group["params"])
+            for pid, p, name in zip(saved_group["params"], group["params"], names):
+                if pid in saved:
+                    st = {k: (v.to(p.device) if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
+                    self._check_loaded(p, {**group, **saved_group}, name, st)
+                    loaded[p] = st
+        super().load_state_dict({"state": {}, "param_groups": groups})
+        for p, st in loaded.items():
             self.state[p] = st
         self._slots = {}
 
