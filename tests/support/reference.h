@@ -71,15 +71,16 @@ struct Codec {
   // second moment never lands on a code whose value is 0.
   int encode(double x, double scale) const {
     double y = x / scale;
-    int best = -1;
+    int best = 0;
     double best_d = INFINITY;
     if (kind == kFp8) y = std::min(std::max(y, -448.0), 448.0);
     for (int c = 0; c < int(values.size()); ++c) {
       if (kind == kFp8 && (c & 0x7f) == 0x7f) continue;
       const double d = fabs(y - values[size_t(c)]);
-      const bool tie = d == best_d;
-      const bool prefer = kind == kFp8 ? (c % 2 == 0 && (c & 0x7f) != 0) : values[size_t(c)] > values[size_t(best)];
-      if (d < best_d || (tie && prefer)) {
+      const auto prefer = [&] {  // on a tie
+        return kind == kFp8 ? (c % 2 == 0 && (c & 0x7f) != 0) : values[size_t(c)] > values[size_t(best)];
+      };
+      if (d < best_d || (d == best_d && prefer())) {
         best = c;
         best_d = d;
       }
