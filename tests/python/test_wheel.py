@@ -1,0 +1,30 @@
+"""`pip wheel .` builds one wheel that carries liblbopt and the package, and the installed wheel works without
+LBOPT_LIBRARY."""
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_wheel_carries_the_library_and_works(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist")], check=True, cwd=tmp_path)
+    wheel, = (tmp_path / "dist").glob("lbopt-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "lbopt/liblbopt.so" in names and "lbopt/torch.py" in names and "lbopt/demo.py" in names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True)
+    env = {k: v for k, v in os.environ.items() if k != "LBOPT_LIBRARY"}
+    env["PYTHONPATH"] = str(site)
+    out = subprocess.run([sys.executable, "-c", "import lbopt, lbopt.functional as F, numpy as np;"
+                          "p = np.ones(300, np.float32); g = np.ones(300, np.float32);"
+                          "st = {'m': F.zeros_state('4bit', 300), 'v': F.zeros_state('4bit', 300)};"
+                          "F.adamw_step([p], [g], [st], lr=0.1, steps=[1]);"
+                          "print(lbopt.__file__, float(p[0]))"],
+                         check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout.split()
+    assert out[0].startswith(str(site))
+    assert abs(float(out[1]) - (1 * (1 - 0.1 * 0.01) - 0.1)) < 1e-5  # decay, then a unit Adam step of size lr
