@@ -192,6 +192,16 @@ LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options, size
 LBOPT_API lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                                         size_t n_slots, const lbopt_step_options* options);
 
+/* The same step with lr and the step count read from scalars on the step's device at run time, not passed by
+ * value: a CUDA graph captured once replays with whatever lr and step the caller wrote there (graphs freeze
+ * by-value arguments). lr: float32 or float64, finite and >= 0; step: int64 or float32, >= 1, the count this step
+ * makes for every slot (slots[i].step is ignored). Bias corrections are computed from them in double precision
+ * on the device. On CPU tensors the values are read and checked on the host; on CUDA an out-of-range lr or step
+ * is seen only by the kernels, which then write no param or state and mark every slot in options.skipped. */
+LBOPT_API lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const DLTensor* lr,
+                                                   const DLTensor* step, const lbopt_adamw_slot* slots,
+                                                   size_t n_slots, const lbopt_step_options* options);
+
 /* ---------------------------------------------------------------------------------------------------------- */
 /* CPU threads: the library's own pool (no OpenMP, so it cannot fight a host framework's runtime). Default: the
  * LBOPT_NUM_THREADS environment variable, else the cores the process may run on (its CPU affinity). n >= 1; 0

@@ -115,7 +115,19 @@ lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const
                               size_t n_slots, const lbopt_step_options* options) {
   return guarded([&] {
     thread_local StepPlan plan;  // reused: a warm step allocates nothing
-    LBOPT_TRY(validate_step(config, lr, slots, n_slots, options, &plan));
+    LBOPT_TRY(validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, &plan));
+    return backend_for(plan.device).adamw_step(plan);
+  });
+}
+
+lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const DLTensor* lr, const DLTensor* step,
+                                         const lbopt_adamw_slot* slots, size_t n_slots,
+                                         const lbopt_step_options* options) {
+  return guarded([&] {
+    if (!lr) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
+    if (!step) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
+    thread_local StepPlan plan;
+    LBOPT_TRY(validate_step(config, 0.0, lr, step, slots, n_slots, options, &plan));
     return backend_for(plan.device).adamw_step(plan);
   });
 }

@@ -15,7 +15,7 @@ namespace {
 enum class Access { kRead, kWrite };
 
 // What a tensor argument may be.
-enum class Want { kParam, kCodes, kScales, kFloat32, kFlags };
+enum class Want { kParam, kCodes, kScales, kFloat32, kFlags, kScalar, kStep };
 
 // The name of an argument, formatted only when a message needs it (a call validates thousands of tensors):
 // {"slots", 3, "m", "codes"} reads "slots[3].m.codes".
@@ -87,11 +87,15 @@ class CallChecker {
     const bool dtype_ok = want == Want::kParam ? to_dtype(dt, &unused)
                           : want == Want::kCodes ? (is(dt, kDLUInt, 8) || is(dt, kDLFloat, 32))
                           : want == Want::kFlags ? is(dt, kDLUInt, 8)
+                          : want == Want::kScalar ? (is(dt, kDLFloat, 32) || is(dt, kDLFloat, 64))
+                          : want == Want::kStep ? (is(dt, kDLInt, 64) || is(dt, kDLFloat, 32))
                                                  : is(dt, kDLFloat, 32);
     if (!dtype_ok) {
       const char* allowed = want == Want::kParam ? "float32, bfloat16 or float16"
                             : want == Want::kCodes ? "uint8 (quantized) or float32 (LBOPT_STATE_FP32)"
                             : want == Want::kFlags ? "uint8"
+                            : want == Want::kScalar ? "float32 or float64"
+                            : want == Want::kStep ? "int64 or float32"
                                                    : "float32";
       return fail(LBOPT_ERR_DTYPE, "%s: dtype %s is not supported here (expected %s)", Text(arg).c_str(),
                   dtype_name(dt, buf, sizeof buf), allowed);
@@ -285,10 +289,15 @@ lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
   return LBOPT_OK;
 }
 
-lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
-                           size_t n_slots, const lbopt_step_options* options, StepPlan* plan) {
+lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DLTensor* lr_scalar,
+                           const DLTensor* step_scalar, const lbopt_adamw_slot* slots, size_t n_slots,
+                           const lbopt_step_options* options, StepPlan* plan) {
   LBOPT_TRY(check_config(config));
-  if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
+  const bool capturable = lr_scalar || step_scalar;
+  if (capturable && !lr_scalar) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
+  if (capturable && !step_scalar) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
+  if (!capturable && !(lr >= 0.0 && isfinite(lr)))
+    return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
   if (n_slots == 0) return fail(LBOPT_ERR_INVALID_VALUE, "n_slots: is 0; a step needs at least one slot");
   if (!slots) return fail(LBOPT_ERR_NULL_POINTER, "slots: pointer is NULL with n_slots = %zu", n_slots);
   if (options && options->struct_size != sizeof(lbopt_step_options))
@@ -306,7 +315,8 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lb
     if (s.struct_size != sizeof(lbopt_adamw_slot))
       return fail(LBOPT_ERR_STRUCT_SIZE, "slots[%zu].struct_size = %u, this library knows %zu", i, s.struct_size,
                   sizeof(lbopt_adamw_slot));
-    if (s.step < 1) return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].step = %lld must be >= 1", i, (long long)s.step);
+    if (!capturable && s.step < 1)
+      return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].step = %lld must be >= 1", i, (long long)s.step);
     StepSlot out;
     CallChecker::View p, g;
     LBOPT_TRY(ck.tensor(s.param, arg("param"), Want::kParam, Access::kWrite, &p));
@@ -333,6 +343,18 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lb
   plan->grad_scale = plan->found_inf = nullptr;
   plan->skipped = nullptr;
   plan->stream = nullptr;
+  plan->lr_scalar = plan->step_scalar = nullptr;
+  if (capturable) {
+    CallChecker::View v;
+    LBOPT_TRY(ck.tensor(lr_scalar, ArgName{"lr"}, Want::kScalar, Access::kRead, &v));
+    if (v.numel != 1) return fail(LBOPT_ERR_SHAPE, "lr: has %lld elements, expected 1", (long long)v.numel);
+    plan->lr_scalar = v.data;
+    plan->lr_is_double = v.dtype.bits == 64;
+    LBOPT_TRY(ck.tensor(step_scalar, ArgName{"step"}, Want::kStep, Access::kRead, &v));
+    if (v.numel != 1) return fail(LBOPT_ERR_SHAPE, "step: has %lld elements, expected 1", (long long)v.numel);
+    plan->step_scalar = v.data;
+    plan->step_is_int64 = v.dtype.code == kDLInt;
+  }
   if (options) {
     LBOPT_TRY(check_scalar(ck, options->grad_scale, "options.grad_scale", &plan->grad_scale));
     LBOPT_TRY(check_scalar(ck, options->found_inf, "options.found_inf", &plan->found_inf));

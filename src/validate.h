@@ -25,6 +25,10 @@ struct StepPlan {
   uint64_t seed = 0;
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   std::vector<StepSlot> slots;
+  const void* lr_scalar = nullptr;    // capturable: lr and step read from these at run time (then lr and
+  const void* step_scalar = nullptr;  // the slots' steps are filled in by the backend)
+  bool lr_is_double = false;
+  bool step_is_int64 = false;
   const float* grad_scale = nullptr;  // optional scalars, on the plan's device
   const float* found_inf = nullptr;
   uint8_t* skipped = nullptr;         // optional [n_slots] out
@@ -41,8 +45,10 @@ struct ConvertPlan {
   void* stream = nullptr;
 };
 
-lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
-                           size_t n_slots, const lbopt_step_options* options, StepPlan* plan);
+// lr_scalar / step_scalar: the capturable variant's device scalars (NULL for the by-value step).
+lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DLTensor* lr_scalar,
+                           const DLTensor* step_scalar, const lbopt_adamw_slot* slots, size_t n_slots,
+                           const lbopt_step_options* options, StepPlan* plan);
 
 // to_state: quantize (values read, state written); otherwise dequantize.
 lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* values, lbopt_state state,
