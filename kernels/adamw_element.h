@@ -24,8 +24,9 @@ struct StepScalars {
   bool amsgrad;
 };
 
-// Host side, double precision: a per-step lr and step count cost nothing on the device.
-inline StepScalars make_step_scalars(double lr, int64_t step, double beta1, double beta2, double eps,
+// In double precision, on the host for a by-value lr (a per-step lr then costs nothing on the device), or on the
+// device for the capturable step, which reads lr and step there.
+LBOPT_HD StepScalars make_step_scalars(double lr, int64_t step, double beta1, double beta2, double eps,
                                      double weight_decay, bool coupled_decay, bool amsgrad, bool maximize,
                                      double grad_scale) {
   const double bc1 = 1.0 - pow(beta1, double(step));

@@ -14,8 +14,17 @@ struct Backend {
 };
 
 const Backend& cpu_backend();
+#if LBOPT_WITH_CUDA
+const Backend& cuda_backend();
+#endif
 
 // The backend for a device that validation accepted (validation refuses devices no backend serves).
-const Backend& backend_for(const Device& device);
+inline const Backend& backend_for(const Device& device) {
+#if LBOPT_WITH_CUDA
+  if (device.cls == DeviceClass::kCuda) return cuda_backend();
+#endif
+  (void)device;
+  return cpu_backend();
+}
 
 }  // namespace lbopt

@@ -155,6 +155,4 @@ const Backend& cpu_backend() {
   return b;
 }
 
-const Backend& backend_for(const Device&) { return cpu_backend(); }
-
 }  // namespace lbopt

@@ -19,8 +19,7 @@ extern "C" const char* lbopt_build_info(void) {
   static const lbopt::CudaAvailability cuda = lbopt::cuda_availability();  // starts the CUDA runtime once
   snprintf(info, sizeof info,
            "{\"version\":\"%s\",\"abi\":%d,\"cpu_kernels\":\"portable\",\"threads\":%d,"
-           "\"cuda_compiled\":%s,\"cuda_archs\":\"%s\",\"cuda_devices\":%d,\"cuda_runtime\":\"%s\","
-           "\"cuda_step\":false}",
+           "\"cuda_compiled\":%s,\"cuda_archs\":\"%s\",\"cuda_devices\":%d,\"cuda_runtime\":\"%s\"}",
            lbopt_version_string(), LBOPT_VERSION_MAJOR, lbopt::num_threads(), LBOPT_WITH_CUDA ? "true" : "false",
            LBOPT_CUDA_ARCHS, cuda.devices, cuda.devices > 0 ? "ok" : cuda.reason);
   return info;

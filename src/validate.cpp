@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "../kernels/quant.h"
+#include "cuda_probe.h"
 #include "error.h"
 
 namespace lbopt {
@@ -180,10 +181,17 @@ class CallChecker {
     return LBOPT_OK;
   }
 
+  // CUDA tensors need the CUDA backend and a device of that id (the probe runs once per process).
   lbopt_status device_supported() const {
     if (!have_device_ || device_.cls == DeviceClass::kHost) return LBOPT_OK;
-    return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but this build of lbopt has no CUDA backend",
-                Text(first_arg_).c_str(), device_.id);
+    static const CudaAvailability cuda = cuda_availability();
+    if (cuda.devices == 0)
+      return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but %s", Text(first_arg_).c_str(), device_.id,
+                  LBOPT_WITH_CUDA ? cuda.reason : "this build of lbopt has no CUDA backend");
+    if (device_.id < 0 || device_.id >= cuda.devices)
+      return fail(LBOPT_ERR_DEVICE, "%s: device cuda:%d does not exist (%d CUDA devices)", Text(first_arg_).c_str(),
+                  device_.id, cuda.devices);
+    return LBOPT_OK;
   }
 
   Device device() const { return device_; }

@@ -44,9 +44,12 @@ def midpoints(values):
 
 
 def emit(name, values):
-    body = ",\n".join("    " + ", ".join(hexf(v) if v != float("inf") else "LBOPT_INF" for v in values[i:i + 8])
-                      for i in range(0, len(values), 8))
-    return f"LBOPT_TABLE float {name}[{len(values)}] = {{\n{body}}};\n"
+    """A macro with the values (so device constant memory can be initialized from the same list) and the host
+    table built from it."""
+    macro = "LBOPT_" + "".join("_" + c if c.isupper() else c.upper() for c in name[1:]).lstrip("_")
+    body = " \\\n".join("    " + ", ".join(hexf(v) if v != float("inf") else "LBOPT_INF" for v in values[i:i + 8])
+                          + ("," if i + 8 < len(values) else "") for i in range(0, len(values), 8))
+    return f"#define {macro} \\\n{body}\nLBOPT_TABLE float {name}[{len(values)}] = {{{macro}}};\n"
 
 
 def main():

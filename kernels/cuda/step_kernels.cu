@@ -1,0 +1,271 @@
+#include <cub/warp/warp_reduce.cuh>
+#include <cuda/functional>
+
+#include "../adamw_element.h"
+#include "../dtype_convert.h"
+#include "../quant.h"
+#include "codebooks_device.cuh"
+#include "step_kernels.cuh"
+
+namespace lbopt::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps per CTA
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxGrid = 65535;
+
+__device__ __forceinline__ float load_elem(Dtype dt, const void* p, int64_t i) {
+  switch (dt) {
+    case kBfloat16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case kFloat16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_param(const StepSlot& s, int64_t i, float x, bool sr, uint64_t seed,
+                                            int64_t step) {
+  switch (s.param_dtype) {
+    case kBfloat16:
+      static_cast<uint16_t*>(s.param)[i] =
+          sr ? float_to_bf16_stochastic(x, random_bits(seed, uint64_t(step), uint64_t(i))) : float_to_bf16(x);
+      break;
+    case kFloat16: static_cast<uint16_t*>(s.param)[i] = float_to_f16(x); break;
+    default: static_cast<float*>(s.param)[i] = x;
+  }
+}
+
+template <int KIND>
+__device__ __forceinline__ float load_state(const StateCodec& c, StateRef st, int64_t e, float scale) {
+  if (KIND == kStateFp32) return static_cast<const float*>(st.codes)[e];
+  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
+  return c.decode(KIND == kState4Bit ? nibble_get(codes, e) : codes[e], scale);
+}
+
+// Max over the warp, in every lane.
+__device__ __forceinline__ float warp_max(float x) {
+  using Reduce = cub::WarpReduce<float>;
+  __shared__ typename Reduce::TempStorage temp[kWarps];
+  const float lane0 = Reduce(temp[threadIdx.x / 32]).Reduce(x, ::cuda::maximum<float>{});
+  __syncwarp();  // the temporary storage is reused by the next reduction
+  return __shfl_sync(0xffffffffu, lane0, 0);
+}
+
+// Requantize the E values this lane holds of block b (local indices given) with the warp's absmax scale.
+template <int KIND, int E>
+__device__ __forceinline__ void store_block(const StateCodec& c, StateRef st, int64_t b, int64_t start, int64_t n,
+                                            const int64_t (&local)[E], const float (&x)[E], int lane) {
+  if (KIND == kStateFp32) {
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+      if (local[k] < n) static_cast<float*>(st.codes)[start + local[k]] = x[k];
+    return;
+  }
+  float absmax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < E; ++k)
+    if (local[k] < n) absmax = fmaxf(absmax, fabsf(finite_or_zero(x[k])));
+  const float scale = c.scale_for(warp_max(absmax));
+  if (lane == 0) st.scales[b] = scale;
+  uint8_t* codes = static_cast<uint8_t*>(st.codes);
+  if (KIND == kState4Bit) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
+#pragma unroll
+    for (int k = 0; k < E; k += 2) {
+      if (local[k] >= n) continue;
+      const uint32_t hi = c.encode(finite_or_zero(x[k]), scale);
+      const uint32_t lo = local[k + 1] < n ? c.encode(finite_or_zero(x[k + 1]), scale) : 0u;
+      codes[(start + local[k]) >> 1] = uint8_t((hi << 4) | lo);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+      if (local[k] < n) codes[start + local[k]] = uint8_t(c.encode(finite_or_zero(x[k]), scale));
+  }
+}
+
+template <int KIND>
+struct Geometry {
+  static constexpr int kPerLane = KIND == kState4Bit ? 4 : 8;
+  static constexpr int64_t kBlock = KIND == kState4Bit ? 128 : 256;
+  // Element of a block handled by lane, k-th: 4-bit keeps nibble pairs in one lane.
+  __device__ static int64_t local(int lane, int k) {
+    return KIND == kState4Bit ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
+  }
+};
+
+__device__ __forceinline__ int slot_of(const StepLaunch& a, int64_t block) {
+  int lo = 0, hi = a.n_slots - 1;  // the last slot whose first block is <= block
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.first_block[mid] <= block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ StepLaunch a) {
+  using G = Geometry<KIND>;
+  constexpr int E = G::kPerLane;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+
+  // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
+  bool skip_all = a.found_inf && *a.found_inf != 0.0f;
+  float inv_scale = 1.0f;
+  if (a.grad_scale) {
+    const double gs = *a.grad_scale;
+    inv_scale = float(1.0 / gs);
+    skip_all |= !(gs > 0.0 && isfinite(gs) && isfinite(inv_scale));
+  }
+  double lr = 0.0, step = 0.0;
+  if (a.lr_scalar) {
+    lr = a.lr_is_double ? *static_cast<const double*>(a.lr_scalar) : double(*static_cast<const float*>(a.lr_scalar));
+    step = a.step_is_int64 ? double(*static_cast<const int64_t*>(a.step_scalar))
+                           : double(*static_cast<const float*>(a.step_scalar));
+    skip_all |= !(lr >= 0.0 && isfinite(lr) && step >= 1.0 && step < 9.2e18 && step == floor(step));
+  }
+  if (skip_all) {
+    for (int64_t i = warp0 * 32 + lane; i < a.n_slots; i += n_warps * 32) a.skip[i] = 1;
+    return;
+  }
+  const StateCodec cm = device_codec(KIND, false), cv = device_codec(KIND, true);
+  for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
+    const int s = slot_of(a, w);
+    if (a.skip[s]) continue;  // a non-finite gradient somewhere in this tensor
+    const StepSlot& sl = a.slots[s];
+    const int64_t slot_step = a.lr_scalar ? int64_t(step) : sl.step;
+    StepScalars sc = a.lr_scalar ? make_step_scalars(lr, slot_step, a.beta1, a.beta2, a.eps, a.weight_decay,
+                                                     a.coupled_decay, a.amsgrad, a.maximize, 1.0)
+                                 : sl.scalars;
+    sc.grad_factor *= inv_scale;
+    const int64_t b = w - a.first_block[s];
+    const int64_t start = b * G::kBlock;
+    const int64_t n = min(G::kBlock, sl.numel - start);
+    const bool ams = sc.amsgrad;
+    float sm = 0.0f, sv = 0.0f, svm = 0.0f;
+    if (KIND != kStateFp32) {
+      sm = sl.m.scales[b];
+      sv = sl.v.scales[b];
+      if (ams) svm = sl.vmax.scales[b];
+    }
+    int64_t local[E];
+    float m[E], v[E], vm[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      local[k] = G::local(lane, k);
+      m[k] = v[k] = vm[k] = 0.0f;
+      if (local[k] >= n) continue;
+      const int64_t e = start + local[k];
+      m[k] = load_state<KIND>(cm, sl.m, e, sm);
+      v[k] = load_state<KIND>(cv, sl.v, e, sv);
+      if (ams) vm[k] = load_state<KIND>(cv, sl.vmax, e, svm);
+      float p = load_elem(sl.param_dtype, sl.param, e);
+      adamw_element(sc, p, load_elem(sl.grad_dtype, sl.grad, e), m[k], v[k], vm[k]);
+      store_param(sl, e, p, a.stochastic_round, a.seed, slot_step);
+    }
+    __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
+    store_block<KIND, E>(cm, sl.m, b, start, n, local, m, lane);
+    store_block<KIND, E>(cv, sl.v, b, start, n, local, v, lane);
+    if (ams) store_block<KIND, E>(cv, sl.vmax, b, start, n, local, vm, lane);
+    __syncwarp();
+  }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(kThreads) nonfinite_kernel(const __grid_constant__ StepLaunch a) {
+  using G = Geometry<KIND>;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
+    const int s = slot_of(a, w);
+    const StepSlot& sl = a.slots[s];
+    const int64_t start = (w - a.first_block[s]) * G::kBlock;
+    const int64_t n = min(G::kBlock, sl.numel - start);
+    bool bad = false;
+    for (int k = 0; k < G::kPerLane; ++k) {
+      const int64_t l = G::local(lane, k);
+      if (l < n) bad |= !isfinite(load_elem(sl.grad_dtype, sl.grad, start + l));
+    }
+    if (__any_sync(0xffffffffu, bad) && lane == 0) a.skip[s] = 1;  // a benign race: every writer writes 1
+  }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a, int64_t n_blocks) {
+  using G = Geometry<KIND>;
+  constexpr int E = G::kPerLane;
+  const int lane = threadIdx.x & 31;
+  const StateCodec c = device_codec(KIND, a.second_moment);
+  for (int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < n_blocks;
+       b += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t start = b * G::kBlock;
+    const int64_t n = min(G::kBlock, a.numel - start);
+    const float scale = KIND == kStateFp32 ? 0.0f : a.state.scales[b];
+    int64_t local[E];
+    float x[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      local[k] = G::local(lane, k);
+      x[k] = 0.0f;
+      if (local[k] >= n) continue;
+      if (a.to_state) x[k] = a.values[start + local[k]];
+      else a.values[start + local[k]] = load_state<KIND>(c, a.state, start + local[k], scale);
+    }
+    if (a.to_state) store_block<KIND, E>(c, a.state, b, start, n, local, x, lane);
+  }
+}
+
+int grid_for(int64_t warps_needed) {
+  const int64_t ctas = (warps_needed + kWarps - 1) / kWarps;
+  return int(ctas < 1 ? 1 : (ctas > kMaxGrid ? kMaxGrid : ctas));
+}
+
+template <template <int> class Kernel, class Args, class... Rest>
+cudaError_t launch_kind(int kind, int64_t warps, cudaStream_t stream, const Args& a, Rest... rest) {
+  const int grid = grid_for(warps);
+  switch (kind) {
+    case kState4Bit: Kernel<kState4Bit>::launch(grid, stream, a, rest...); break;
+    case kState8Bit: Kernel<kState8Bit>::launch(grid, stream, a, rest...); break;
+    case kStateFp8: Kernel<kStateFp8>::launch(grid, stream, a, rest...); break;
+    default: Kernel<kStateFp32>::launch(grid, stream, a, rest...);
+  }
+  return cudaGetLastError();
+}
+
+template <int K>
+struct AdamW {
+  static void launch(int grid, cudaStream_t s, const StepLaunch& a) { adamw_kernel<K><<<grid, kThreads, 0, s>>>(a); }
+};
+template <int K>
+struct Nonfinite {
+  static void launch(int grid, cudaStream_t s, const StepLaunch& a) {
+    nonfinite_kernel<K><<<grid, kThreads, 0, s>>>(a);
+  }
+};
+template <int K>
+struct Convert {
+  static void launch(int grid, cudaStream_t s, const ConvertLaunch& a, int64_t n_blocks) {
+    convert_kernel<K><<<grid, kThreads, 0, s>>>(a, n_blocks);
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_nonfinite_scan(const StepLaunch& a, cudaStream_t stream) {
+  return launch_kind<Nonfinite>(a.kind, a.total_blocks, stream, a);
+}
+
+cudaError_t launch_adamw(const StepLaunch& a, cudaStream_t stream) {
+  return launch_kind<AdamW>(a.kind, a.total_blocks, stream, a);
+}
+
+cudaError_t launch_convert(const ConvertLaunch& a, cudaStream_t stream) {
+  const int64_t block = work_block_size(a.kind);
+  const int64_t n_blocks = (a.numel + block - 1) / block;
+  if (n_blocks == 0) return cudaSuccess;
+  return launch_kind<Convert>(a.kind, n_blocks, stream, a, n_blocks);
+}
+
+}  // namespace lbopt::cuda
