@@ -235,9 +235,13 @@ class LowBitAdamW(torch.optim.Optimizer):
                 v = _view(t.to(device=device, dtype=torch.float32))
                 keep.append(v)
                 setattr(opts, field, v.ptr)
+        if device.type == "cuda":
+            opts.stream = torch.cuda.current_stream(device).cuda_stream
         cfg = self._config(group, kind)
         _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(cfg), lr, slots, n, ctypes.byref(opts)))
-        for (_, state, _), s in zip(entries, skipped.tolist()):
+        # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
+        flags = skipped.tolist() if (self.skip_nonfinite or found_inf is not None) else [0] * n
+        for (_, state, _), s in zip(entries, flags):
             if not s:
                 state["step"] += 1
 
