@@ -87,19 +87,31 @@ struct StateCodec {
   }
 };
 
-// The codec of (kind, second_moment) over the host tables.
-inline StateCodec host_codec(int kind, bool second_moment) {
-  using namespace codebook;
+// Where the codebooks live: host arrays for the CPU, constant memory for the GPU.
+struct CodebookTables {
+  const float *signed4_values, *signed4_mids, *unsigned4_values, *unsigned4_mids;
+  const float *signed8_values, *signed8_mids, *unsigned8_values, *unsigned8_mids;
+};
+
+// The codec of (kind, second_moment): m on the signed maps, v and vmax on the non-negative ones.
+LBOPT_HD StateCodec codec_for(int kind, bool second_moment, const CodebookTables& t) {
   switch (kind) {
     case kState4Bit:
-      return second_moment ? StateCodec{kind, kUnsigned4Values, kUnsigned4Mids, 16, false}
-                           : StateCodec{kind, kSigned4Values, kSigned4Mids, 16, false};
+      return second_moment ? StateCodec{kind, t.unsigned4_values, t.unsigned4_mids, 16, false}
+                           : StateCodec{kind, t.signed4_values, t.signed4_mids, 16, false};
     case kState8Bit:
-      return second_moment ? StateCodec{kind, kUnsigned8Values, kUnsigned8Mids, 256, true}
-                           : StateCodec{kind, kSigned8Values, kSigned8Mids, 256, false};
+      return second_moment ? StateCodec{kind, t.unsigned8_values, t.unsigned8_mids, 256, true}
+                           : StateCodec{kind, t.signed8_values, t.signed8_mids, 256, false};
     default:
       return StateCodec{kind, nullptr, nullptr, 0, second_moment};
   }
+}
+
+inline StateCodec host_codec(int kind, bool second_moment) {
+  using namespace codebook;
+  static constexpr CodebookTables tables{kSigned4Values, kSigned4Mids, kUnsigned4Values, kUnsigned4Mids,
+                                         kSigned8Values, kSigned8Mids, kUnsigned8Values, kUnsigned8Mids};
+  return codec_for(kind, second_moment, tables);
 }
 
 }  // namespace lbopt

@@ -14,18 +14,10 @@ __constant__ float kSigned8Mids[256] = {LBOPT_SIGNED8_MIDS};
 __constant__ float kUnsigned8Values[256] = {LBOPT_UNSIGNED8_VALUES};
 __constant__ float kUnsigned8Mids[256] = {LBOPT_UNSIGNED8_MIDS};
 
-// The device twin of host_codec().
 __device__ __forceinline__ StateCodec device_codec(int kind, bool second_moment) {
-  switch (kind) {
-    case kState4Bit:
-      return second_moment ? StateCodec{kind, kUnsigned4Values, kUnsigned4Mids, 16, false}
-                           : StateCodec{kind, kSigned4Values, kSigned4Mids, 16, false};
-    case kState8Bit:
-      return second_moment ? StateCodec{kind, kUnsigned8Values, kUnsigned8Mids, 256, true}
-                           : StateCodec{kind, kSigned8Values, kSigned8Mids, 256, false};
-    default:
-      return StateCodec{kind, nullptr, nullptr, 0, second_moment};
-  }
+  const CodebookTables tables{kSigned4Values, kSigned4Mids, kUnsigned4Values, kUnsigned4Mids,
+                              kSigned8Values, kSigned8Mids, kUnsigned8Values, kUnsigned8Mids};
+  return codec_for(kind, second_moment, tables);
 }
 
 }  // namespace lbopt::cuda
