@@ -9,7 +9,6 @@
 #include "lbopt.h"
 #include "thread_pool.h"
 #include "validate.h"
-#include "../kernels/quant.h"
 
 namespace lbopt {
 namespace {

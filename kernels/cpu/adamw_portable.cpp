@@ -73,7 +73,7 @@ void adamw_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_beg
   const int64_t bs = work_block_size(flags.kind);
   auto* param = static_cast<typename P::T*>(slot.param);
   const auto* grad = static_cast<const typename G::T*>(slot.grad);
-  const bool sr = flags.stochastic_round && sizeof(typename P::T) == 2 && slot.param_dtype == kBfloat16;
+  const bool sr = flags.stochastic_round && slot.param_dtype == kBfloat16;  // then P is BF16
 
   float m[kMaxBlock], v[kMaxBlock], vmax[kMaxBlock];
   for (int64_t b = block_begin; b < block_end; ++b) {
@@ -87,7 +87,7 @@ void adamw_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_beg
       float p = P::load(param, e);
       adamw_element(s, p, G::load(grad, e), m[i], v[i], vmax[i]);
       if (sr) {
-        reinterpret_cast<uint16_t*>(param)[e] =
+        static_cast<uint16_t*>(slot.param)[e] =
             float_to_bf16_stochastic(p, random_bits(flags.seed, uint64_t(slot.step), uint64_t(e)));
       } else {
         P::store(param, e, p);
