@@ -203,6 +203,75 @@ LBOPT_API lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* con
                                                    size_t n_slots, const lbopt_step_options* options);
 
 /* ---------------------------------------------------------------------------------------------------------- */
+/* Operator registry: a host framework that has never seen this header can dlopen the library, walk the operators
+ * and their schemas, register them in its own dispatcher and call them through one generic entry point. Every
+ * operator validates like the typed call it wraps and gives bit-identical results. Schemas are static data. */
+
+typedef enum lbopt_arg_role { LBOPT_ROLE_IN = 0, LBOPT_ROLE_OUT = 1, LBOPT_ROLE_INOUT = 2 } lbopt_arg_role;
+
+typedef enum lbopt_attr_type {
+  LBOPT_ATTR_DOUBLE = 0,
+  LBOPT_ATTR_INT64 = 1,
+  LBOPT_ATTR_BOOL = 2, /* passed in lbopt_attr.i, 0 or 1 */
+  LBOPT_ATTR_STRING = 3
+} lbopt_attr_type;
+
+/* Bits of lbopt_tensor_arg.dtypes. */
+#define LBOPT_DTYPE_FLOAT32 0x1u
+#define LBOPT_DTYPE_BFLOAT16 0x2u
+#define LBOPT_DTYPE_FLOAT16 0x4u
+#define LBOPT_DTYPE_UINT8 0x8u
+#define LBOPT_DTYPE_INT64 0x10u
+
+typedef struct lbopt_tensor_arg {
+  const char* name;
+  int32_t role;       /* lbopt_arg_role */
+  uint32_t dtypes;    /* LBOPT_DTYPE_* bits allowed */
+  int32_t optional;   /* 1: may be NULL in lbopt_op_invoke's tensor array */
+  const char* shape;  /* the shape relation, in words ("same shape as param", "lbopt_state_layout codes") */
+} lbopt_tensor_arg;
+
+typedef struct lbopt_attr_arg {
+  const char* name;
+  int32_t type;       /* lbopt_attr_type */
+  int32_t required;   /* 1: no default */
+  double default_double;
+  int64_t default_int; /* INT64 and BOOL defaults */
+  const char* default_string;
+} lbopt_attr_arg;
+
+typedef struct lbopt_op_info {
+  uint32_t struct_size;
+  const char* name;     /* "lbopt.adamw_step.4bit", "lbopt.quantize", ... */
+  int32_t version;      /* bumped when the operator's semantics change */
+  const char* doc;
+  size_t n_tensors;
+  const lbopt_tensor_arg* tensors; /* in the order lbopt_op_invoke takes them */
+  size_t n_attrs;
+  const lbopt_attr_arg* attrs;
+} lbopt_op_info;
+
+/* An attribute value for lbopt_op_invoke, matched to the schema by name. */
+typedef struct lbopt_attr {
+  const char* name;
+  int32_t type;   /* must equal the schema's type */
+  double f;       /* DOUBLE */
+  int64_t i;      /* INT64, BOOL */
+  const char* s;  /* STRING */
+} lbopt_attr;
+
+LBOPT_API size_t lbopt_op_count(void);
+/* The i-th operator (i < lbopt_op_count()), or NULL. */
+LBOPT_API const lbopt_op_info* lbopt_op_schema(size_t i);
+/* The operator of that name, or NULL. */
+LBOPT_API const lbopt_op_info* lbopt_op_find(const char* name);
+/* Run op on tensors (n_tensors == op->n_tensors, NULL only where optional) with attributes (any order; each name
+ * at most once; omitted ones take their defaults; a required one missing, an unknown name or a wrong type is
+ * LBOPT_ERR_INVALID_VALUE / LBOPT_ERR_DTYPE). stream: as options.stream of the typed calls. */
+LBOPT_API lbopt_status lbopt_op_invoke(const lbopt_op_info* op, const DLTensor* const* tensors, size_t n_tensors,
+                                       const lbopt_attr* attrs, size_t n_attrs, void* stream);
+
+/* ---------------------------------------------------------------------------------------------------------- */
 /* CPU threads: the library's own pool (no OpenMP, so it cannot fight a host framework's runtime). Default: the
  * LBOPT_NUM_THREADS environment variable, else the cores the process may run on (its CPU affinity). n >= 1; 0
  * restores the default. */
