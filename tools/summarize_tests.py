@@ -2,7 +2,7 @@
 """Sums the test cases of every suite into one line: "N passed, N failed, N skipped".
 
 Arguments: meson's testlog.json (doctest executables report their own case counts; any other test counts as one
-case) and JUnit XML files (pytest, cargo via converters).
+case), JUnit XML files (pytest) and cargo test logs (*.log).
 """
 import json
 import re
@@ -43,10 +43,21 @@ def junit_counts(path):
     return total - failed - skipped, failed, skipped
 
 
+def cargo_counts(path):
+    passed = failed = skipped = 0
+    text = open(path, encoding="utf-8").read()
+    for p, f, i in re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", text):
+        passed, failed, skipped = passed + int(p), failed + int(f), skipped + int(i)
+    if "test result:" not in text:  # it did not build or run
+        failed += 1
+    return passed, failed, skipped
+
+
 totals = [0, 0, 0]
 for path in sys.argv[1:]:
     try:
-        counts = meson_counts(path) if path.endswith(".json") else junit_counts(path)
+        counts = (meson_counts(path) if path.endswith(".json") else cargo_counts(path) if path.endswith(".log")
+                  else junit_counts(path))
     except (OSError, ET.ParseError) as e:  # a suite that produced no report failed as a whole
         print(f"{path}: {e}", file=sys.stderr)
         counts = (0, 1, 0)

@@ -14,5 +14,8 @@ status=$?
 python3 -m pip install -q -r tools/requirements-test.txt || exit 1
 LBOPT_LIBRARY="$PWD/$dir/liblbopt.so.0" python3 -m pytest -q -p no:cacheprovider --junitxml="$dir/pytest.xml" \
   tests/python || status=1
-python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" "$dir/pytest.xml" || exit 1
+# Rust: the crate against the library just built (no registry dependencies: builds offline)
+(cd bindings/rust && LBOPT_LIB_DIR="$OLDPWD/$dir" CARGO_TARGET_DIR="$OLDPWD/$dir/cargo" cargo test --offline 2>&1) |
+  tee "$dir/cargo.log" || status=1
+python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" "$dir/pytest.xml" "$dir/cargo.log" || exit 1
 exit $status
