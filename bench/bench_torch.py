@@ -17,10 +17,18 @@ import lbopt
 import lbopt.torch as lt
 
 
+DEVICE = "cpu"
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def make_params(total, width=4096):
     rows = max(1, int(total) // width)
     torch.manual_seed(0)
-    ps = [torch.nn.Parameter(torch.randn(rows // 4, width) * 0.02) for _ in range(4)]
+    ps = [torch.nn.Parameter(torch.randn(rows // 4, width, device=DEVICE) * 0.02) for _ in range(4)]
     for p in ps:
         p.grad = torch.randn_like(p) * 1e-3
     return ps
@@ -40,8 +48,10 @@ def time_steps(opt, steps, schedule):
                 g["lr"].fill_(lr)
             else:
                 g["lr"] = lr
+        sync()
         t0 = time.perf_counter()
         opt.step()
+        sync()
         if s >= 2:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -59,7 +69,7 @@ def candidates(tensor_lr_for_torchao):
 
         out["torchao AdamW4bit, float lr"] = lambda ps: ao.AdamW4bit(ps, lr=1e-3)
         if tensor_lr_for_torchao:
-            out["torchao AdamW4bit, tensor lr"] = lambda ps: ao.AdamW4bit(ps, lr=torch.tensor(1e-3))
+            out["torchao AdamW4bit, tensor lr"] = lambda ps: ao.AdamW4bit(ps, lr=torch.tensor(1e-3, device=DEVICE))
     except ImportError:
         pass
     return out
@@ -70,11 +80,15 @@ def main():
     ap.add_argument("--params", type=float, default=50e6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", type=int, default=300)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, lbopt {lbopt.version()}, threads: torch {torch.get_num_threads()}, "
-          f"lbopt {lbopt.get_num_threads()}; {lbopt.build_info()['cpu_kernels']} CPU kernels\n")
+    global DEVICE
+    DEVICE = args.device
+    print(f"torch {torch.__version__}, lbopt {lbopt.version()}, device {DEVICE}, threads: torch "
+          f"{torch.get_num_threads()}, lbopt {lbopt.get_num_threads()}; {lbopt.build_info()['cpu_kernels']} CPU "
+          "kernels\n")
 
-    print(f"## Step time, {args.params / 1e6:.0f}M fp32 params, median of {args.steps} steps\n")
+    print(f"## Step time on {DEVICE}, {args.params / 1e6:.0f}M fp32 params, median of {args.steps} steps\n")
     print("| optimizer | constant lr (ms) | cosine lr (ms) | cosine / constant | vs torch fused (constant) |")
     print("|---|---|---|---|---|")
     rows = {}
@@ -98,7 +112,7 @@ def main():
                        ("lbopt AdamW (fp32 states)", lambda ps: lt.AdamW(ps, lr=1e-3)),
                        ("torch AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)),
                        ("torch AdamW(foreach=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True))):
-        ps = [torch.nn.Parameter(torch.randn(64)) for _ in range(args.small)]
+        ps = [torch.nn.Parameter(torch.randn(64, device=DEVICE)) for _ in range(args.small)]
         for p in ps:
             p.grad = torch.randn_like(p)
         opt = make(ps)
