@@ -124,7 +124,8 @@ int main(void) {
   static float x[N_SAMPLES * N_FEATURES], y[N_SAMPLES], w_true[N_FEATURES];
   const char* names[] = {"4-bit", "8-bit", "fp8", "fp32"};
   unsigned seed = 7;
-  int i, j, k;
+  int i, j, k, ok = 1;
+  double final[4];
   printf("lbopt %s  %s\n", lbopt_version_string(), lbopt_build_info());
   for (j = 0; j < N_FEATURES; ++j) w_true[j] = 0.05f * rand_normal(&seed);
   for (i = 0; i < N_SAMPLES; ++i) {
@@ -140,6 +141,10 @@ int main(void) {
     train((lbopt_state_kind)k, x, y, &bytes, losses);
     printf("%-6s  %-11.4g %-11.4g %-11.4g %-11.4g  %.4f\n", names[k], losses[0], losses[1], losses[2], losses[3],
            bytes / N_FEATURES);
+    final[k] = losses[3];
+    ok = ok && losses[3] < 0.2 * losses[0];
   }
-  return 0;
+  /* every kind converges, and to the fp32 states' loss within 10% */
+  for (k = 0; k < 3; ++k) ok = ok && final[k] < 1.1 * final[3];
+  return ok ? 0 : 1;
 }
