@@ -119,6 +119,8 @@ bool any_nonfinite(const void* grad, int64_t begin, int64_t end) {
 }  // namespace
 
 void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
+  block_begin = adamw_blocks_simd(slot, flags, block_begin, block_end);
+  if (block_begin >= block_end) return;
   switch (slot.param_dtype) {
     case kFloat32: return adamw_param<F32>(slot, flags, block_begin, block_end);
     case kBfloat16: return adamw_param<BF16>(slot, flags, block_begin, block_end);

@@ -16,6 +16,13 @@ struct StepFlags {
 
 void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
 
+// The SIMD kernels (adamw_simd.cpp) on the whole blocks they support, from block_begin on; returns the first
+// block they did not do, which the portable kernels then take.
+int64_t adamw_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
+
+// The instruction set the SIMD kernels dispatch to here ("AVX3", "AVX2", ...), or "portable".
+const char* simd_target();
+
 // True if any element of grad[begin, end) is NaN or Inf.
 bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end);
 

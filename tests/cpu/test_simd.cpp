@@ -1,0 +1,90 @@
+// The SIMD kernels give bit-identical params, codes and scales to the portable kernels, on every instruction set
+// this machine supports (each forced in turn through Highway's test hook), for every kind, dtype and flag.
+#include <doctest/doctest.h>
+#include <hwy/targets.h>
+
+#include <stdlib.h>
+
+#include <random>
+#include <string>
+
+#include "harness.h"
+
+using namespace test;
+
+namespace {
+
+struct Run {
+  Buffer p, g;
+  State m, v, vmax;
+  Run(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n)
+      : p(pt, {n}), g(gt, {n}), m(k, n), v(k, n), vmax(k, n) {
+    std::mt19937_64 rng(uint64_t(n) * 7 + k);
+    std::normal_distribution<double> nd;
+    const ref::Dtype pd = pt.bits == 32 ? ref::kF32 : ref::kBF16, gd = gt.bits == 32 ? ref::kF32 : ref::kBF16;
+    for (int64_t i = 0; i < n; ++i) {
+      store(pd, p.t.data, i, ref::to_dtype(pd, 0.1 * nd(rng)));
+      store(gd, g.t.data, i, ref::to_dtype(gd, (i % 97 == 0 ? 1e-30 : 0.01) * nd(rng)));  // tiny grads too
+    }
+    for (State* s : {&m, &v, &vmax}) lbopt_state_init(k, n, s->view(), nullptr);
+  }
+  uint64_t digest() const {
+    uint64_t d = hash(p) ^ 3 * hash(*m.codes) ^ 5 * hash(*v.codes) ^ 7 * hash(*vmax.codes);
+    if (m.scales) d ^= 11 * hash(*m.scales) ^ 13 * hash(*v.scales) ^ 17 * hash(*vmax.scales);
+    return d;
+  }
+};
+
+uint64_t steps(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, uint32_t flags) {
+  Run r(k, pt, gt, n);
+  lbopt_adamw_config cfg;
+  lbopt_adamw_config_init(&cfg, sizeof cfg);
+  cfg.state_kind = k;
+  cfg.flags = flags;
+  cfg.beta1 = flags & LBOPT_FLAG_MAXIMIZE ? 0.3 : 0.9;  // both branches of the lerp
+  for (int64_t s = 1; s <= 3; ++s) {
+    const bool ams = flags & LBOPT_FLAG_AMSGRAD;
+    const lbopt_adamw_slot slot{sizeof slot, &r.p.t, &r.g.t, r.m.view(), r.v.view(), ams ? r.vmax.view() : lbopt_state{},
+                                s};
+    REQUIRE(lbopt_adamw_step(&cfg, 1e-3 * double(s), &slot, 1, nullptr) == LBOPT_OK);
+  }
+  return r.digest();
+}
+
+uint64_t all_cases() {
+  uint64_t d = 0;
+  const DLDataType dts[] = {f32(), bf16()};
+  const uint32_t flag_sets[] = {0u, LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD,
+                                LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_AMSGRAD};
+  for (int k = 0; k < 4; ++k)
+    for (const DLDataType& pt : dts)
+      for (const DLDataType& gt : dts)
+        for (uint32_t flags : flag_sets)
+          for (int64_t n : {int64_t(256), int64_t(1000), int64_t(4096 + 77)}) d = d * 31 + steps(lbopt_state_kind(k), pt, gt, n, flags);
+  return d;
+}
+
+}  // namespace
+
+TEST_SUITE("simd") {
+  TEST_CASE("every supported instruction set reproduces the portable kernels bit for bit") {
+    setenv("LBOPT_CPU_KERNELS", "portable", 1);
+    CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"portable\"") != std::string::npos);
+    const uint64_t portable = all_cases();
+    unsetenv("LBOPT_CPU_KERNELS");
+    const int64_t supported = hwy::SupportedTargets();
+    int tried = 0;
+    for (int64_t target : {int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_SSE4), int64_t(HWY_NEON)}) {
+      if (!(supported & target)) continue;
+      hwy::SetSupportedTargetsForTest(target);
+      const std::string name = hwy::TargetName(target);
+      CAPTURE(name);
+      CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"" + name + "\"") != std::string::npos);
+      CHECK(all_cases() == portable);
+      ++tried;
+    }
+    hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
+    MESSAGE("instruction sets compared with the portable kernels: " << tried);
+    CHECK(tried >= 1);
+  }
+}
