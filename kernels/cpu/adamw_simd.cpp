@@ -129,8 +129,13 @@ void encode(const StateCodec& c, StateRef st, int64_t b, int64_t start, int64_t 
     if (c.entries == 16) {  // count the midpoints <= y
       for (int k = 0; k < 15; ++k)
         code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(hn::Set(df, c.mids[k]), y)), hn::Set(di, 1)));
-    } else {  // branch-free binary search over 256 midpoints, as codebook_encode
-      for (int32_t step = 128; step > 0; step >>= 1) {
+    } else {
+      // codebook_encode's binary search over 256 midpoints: its first four steps only probe mids[16j + 15], so
+      // they are a count over those 15 (broadcast, no gather); the last four steps gather.
+      for (int j = 0; j < 15; ++j)
+        code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(hn::Set(df, c.mids[16 * j + 15]), y)),
+                                                hn::Set(di, 16)));
+      for (int32_t step = 8; step > 0; step >>= 1) {
         const auto probe = hn::GatherIndex(df, c.mids, hn::Add(code, hn::Set(di, step - 1)));
         code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(probe, y)), hn::Set(di, step)));
       }
