@@ -58,7 +58,8 @@ typedef enum lbopt_status {
   LBOPT_ERR_CUDA = 13,            /* a CUDA runtime error; lbopt_last_error() carries the CUDA text */
   LBOPT_ERR_OUT_OF_MEMORY = 14,   /* an internal allocation failed */
   LBOPT_ERR_INTERNAL = 15,        /* a bug in lbopt; please report the message */
-  LBOPT_STATUS_INT32_ = 0x7fffffff /* not a status: keeps the enum 32-bit whatever a caller passes */
+  LBOPT_STATUS_INT32_ = 0x7fffffff, /* not statuses: the enum spans every int32, whatever a caller passes */
+  LBOPT_STATUS_INT32_MIN_ = -0x7fffffff - 1
 } lbopt_status;
 
 /* Static text naming a status ("LBOPT_ERR_DTYPE: ..."); never NULL. */
@@ -88,14 +89,16 @@ typedef enum lbopt_state_kind {
   LBOPT_STATE_8BIT = 1, /* block 256: m on the signed dynamic 8-bit map, v on the unsigned dynamic 8-bit map */
   LBOPT_STATE_FP8 = 2,  /* block 256: float8 e4m3fn codes (saturating), scale = absmax / 448 */
   LBOPT_STATE_FP32 = 3, /* plain float32 state, no scales */
-  LBOPT_STATE_KIND_INT32_ = 0x7fffffff /* not a kind: keeps the enum 32-bit whatever a caller passes */
+  LBOPT_STATE_KIND_INT32_ = 0x7fffffff, /* not kinds: the enum spans every int32, whatever a caller passes */
+  LBOPT_STATE_KIND_INT32_MIN_ = -0x7fffffff - 1
 } lbopt_state_kind;
 
 /* Which moment a state holds: it selects the codebook (signed for m, non-negative for v and AMSGrad's vmax). */
 typedef enum lbopt_moment {
   LBOPT_MOMENT_FIRST = 0, /* m, exp_avg */
   LBOPT_MOMENT_SECOND = 1, /* v, exp_avg_sq, and max_exp_avg_sq */
-  LBOPT_MOMENT_INT32_ = 0x7fffffff /* not a moment: keeps the enum 32-bit whatever a caller passes */
+  LBOPT_MOMENT_INT32_ = 0x7fffffff, /* not moments: the enum spans every int32, whatever a caller passes */
+  LBOPT_MOMENT_INT32_MIN_ = -0x7fffffff - 1
 } lbopt_moment;
 
 /* Sizes a caller allocates for one state (one moment) of a tensor with numel elements. */

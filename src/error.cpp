@@ -41,7 +41,8 @@ extern "C" const char* lbopt_status_string(lbopt_status status) {
     case LBOPT_ERR_CUDA: return "LBOPT_ERR_CUDA: CUDA runtime error";
     case LBOPT_ERR_OUT_OF_MEMORY: return "LBOPT_ERR_OUT_OF_MEMORY: allocation failed";
     case LBOPT_ERR_INTERNAL: return "LBOPT_ERR_INTERNAL: internal error";
-    case LBOPT_STATUS_INT32_: break;
+    case LBOPT_STATUS_INT32_:
+    case LBOPT_STATUS_INT32_MIN_: break;
   }
   return "LBOPT_ERR_UNKNOWN: not an lbopt_status value";
 }

@@ -10,6 +10,13 @@ else meson setup "$dir" -Dwerror=true --buildtype=debugoptimized >/dev/null || e
 ninja -C "$dir" || exit 1
 meson test -C "$dir" --print-errorlogs
 status=$?
+# The CPU suites again under AddressSanitizer + UndefinedBehaviorSanitizer (a CPU-only build of their own)
+asan=build-asan
+if [ ! -d "$asan" ]; then
+  meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled >/dev/null || exit 1
+fi
+ninja -C "$asan" tests/unit_tests tests/cpu_tests || exit 1
+meson test -C "$asan" --setup asan --no-rebuild --print-errorlogs --suite unit --suite cpu || status=1
 # Python: the package from bindings/python against the library just built
 python3 -m pip install -q -r tools/requirements-test.txt || exit 1
 LBOPT_LIBRARY="$PWD/$dir/liblbopt.so.0" python3 -m pytest -q -p no:cacheprovider --junitxml="$dir/pytest.xml" \
@@ -17,5 +24,6 @@ LBOPT_LIBRARY="$PWD/$dir/liblbopt.so.0" python3 -m pytest -q -p no:cacheprovider
 # Rust: the crate against the library just built (no registry dependencies: builds offline)
 (cd bindings/rust && LBOPT_LIB_DIR="$OLDPWD/$dir" CARGO_TARGET_DIR="$OLDPWD/$dir/cargo" cargo test --offline 2>&1) |
   tee "$dir/cargo.log" || status=1
-python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" "$dir/pytest.xml" "$dir/cargo.log" || exit 1
+python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" "$asan/meson-logs/testlog-asan.json" \
+  "$dir/pytest.xml" "$dir/cargo.log" || exit 1
 exit $status
