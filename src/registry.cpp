@@ -190,13 +190,14 @@ lbopt_status invoke(OpId id, const DLTensor* const* t, const Attrs& a, void* str
     case kStateLayout: {
       LBOPT_TRY(kind_of(a[0].s, &kind));
       const DLTensor* out = t[0];
+      const uintptr_t addr = uintptr_t(out->data) + out->byte_offset;
       if (out->device.device_type != kDLCPU || out->dtype.code != kDLInt || out->dtype.bits != 64 ||
           out->dtype.lanes != 1 || out->ndim != 1 || !out->shape || out->shape[0] != 4 || !out->data ||
-          (out->strides && out->strides[0] != 1) || (uintptr_t(out->data) + out->byte_offset) % 8 != 0)
+          (out->strides && out->strides[0] != 1) || addr < uintptr_t(out->data) || addr % 8 != 0)
         return fail(LBOPT_ERR_SHAPE, "tensors[0] (out): must be a compact, aligned int64 [4] CPU tensor");
       lbopt_layout l;
       LBOPT_TRY(lbopt_state_layout(kind, a[1].i, &l, sizeof l));
-      int64_t* o = reinterpret_cast<int64_t*>(static_cast<char*>(out->data) + out->byte_offset);
+      int64_t* o = reinterpret_cast<int64_t*>(addr);
       o[0] = l.codes_numel;
       o[1] = l.codes_bytes;
       o[2] = l.scales_numel;

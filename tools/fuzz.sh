@@ -47,8 +47,11 @@ pkg-config --exists libhwy 2>/dev/null || apt_install libhwy-dev pkg-config
 echo '#include <dlpack/dlpack.h>' | "$cxx" -x c++ -fsyntax-only - 2>/dev/null || apt_install libdlpack-dev
 
 # Build: every library source with fuzzer coverage + ASan + UBSan (UB aborts), the harness on top.
+# shellcheck disable=SC2054
 san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
-common=(-std=c++17 -O1 -g "${san[@]}" -Iabi -I. $(pkg-config --cflags libhwy) -DLBOPT_BUILDING -DLBOPT_WITH_CUDA=0
+read -ra hwy_cflags <<<"$(pkg-config --cflags libhwy)"
+read -ra hwy_libs <<<"$(pkg-config --libs libhwy)"
+common=(-std=c++17 -O1 -g "${san[@]}" -Iabi -I. "${hwy_cflags[@]}" -DLBOPT_BUILDING -DLBOPT_WITH_CUDA=0
         '-DLBOPT_CUDA_ARCHS=""' -fno-math-errno)
 lib_sources=(src/api.cpp src/backend_cpu.cpp src/build_info.cpp src/error.cpp src/registry.cpp src/thread_pool.cpp
              src/validate.cpp kernels/cpu/adamw_portable.cpp kernels/cpu/adamw_simd.cpp)
@@ -71,7 +74,7 @@ done
 for p in "${pids[@]}"; do wait "$p" || { echo "fuzz.sh: compile failed" >&2; exit 1; }; done
 echo "$flags_sig" >"$dir/obj/.flags"
 touch "$dir/obj/.stamp"
-"$cxx" "${san[@]}" -fsanitize=fuzzer -o "$dir/fuzz_abi" "${objs[@]}" $(pkg-config --libs libhwy) -lpthread
+"$cxx" "${san[@]}" -fsanitize=fuzzer -o "$dir/fuzz_abi" "${objs[@]}" "${hwy_libs[@]}" -lpthread
 echo "fuzz.sh: built $dir/fuzz_abi"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=1}
@@ -89,7 +92,7 @@ rm -rf "$corpus" "$dir/artifacts"
 mkdir -p "$corpus" "$dir/artifacts"
 cp tests/fuzz/corpus/* "$corpus"/
 log="$dir/fuzz.log"
-seeds=$(ls "$corpus" | wc -l)
+seeds=$(find "$corpus" -type f | wc -l)
 echo "fuzz.sh: fuzzing for ${seeds:+$seeds seeds, }${seconds} s (log: $log)"
 set +e
 # shellcheck disable=SC2086
@@ -100,7 +103,7 @@ set -e
 tail -n 30 "$log"
 execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-echo "fuzz.sh: executions: ${execs:-?} (${eps:-?}/s), corpus: $(ls "$corpus" | wc -l) files (seeds: $seeds)"
+echo "fuzz.sh: executions: ${execs:-?} (${eps:-?}/s), corpus: $(find "$corpus" -type f | wc -l) files (seeds: $seeds)"
 artifacts=$(ls "$dir/artifacts")
 if [ "$rc" -ne 0 ] || [ -n "$artifacts" ]; then
   echo "fuzz.sh: FAILED (libFuzzer exit $rc); reproducers:" >&2

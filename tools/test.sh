@@ -24,6 +24,10 @@ LBOPT_LIBRARY="$PWD/$dir/liblbopt.so.0" python3 -m pytest -q -p no:cacheprovider
 # Rust: the crate against the library just built (no registry dependencies: builds offline)
 (cd bindings/rust && LBOPT_LIB_DIR="$OLDPWD/$dir" CARGO_TARGET_DIR="$OLDPWD/$dir/cargo" cargo test --offline 2>&1) |
   tee "$dir/cargo.log" || status=1
+# Fuzzing: the ABI under libFuzzer + ASan + UBSan for ${FUZZ_SECONDS:-60} s (one test case: no crash, no broken contract)
+fuzz_fail=0
+FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash tools/fuzz.sh || { fuzz_fail=1; status=1; }
+echo "<testsuite name=\"fuzz\" tests=\"1\" failures=\"$fuzz_fail\" skipped=\"0\"/>" > "$dir/fuzz.xml"
 python3 tools/summarize_tests.py "$dir/meson-logs/testlog.json" "$asan/meson-logs/testlog-asan.json" \
-  "$dir/pytest.xml" "$dir/cargo.log" || exit 1
+  "$dir/pytest.xml" "$dir/cargo.log" "$dir/fuzz.xml" || exit 1
 exit $status

@@ -153,6 +153,14 @@ TEST_SUITE("operator registry") {
     CHECK(lbopt_op_invoke(nullptr, t.data(), 9, ok, 2, nullptr) == LBOPT_ERR_NULL_POINTER);
     const lbopt_op_info fake = *op;  // a copy is not one of the library's operators
     CHECK(lbopt_op_invoke(&fake, t.data(), 9, ok, 2, nullptr) == LBOPT_ERR_INVALID_VALUE);
+    // an int64 [4] output whose byte_offset wraps the address space (found by the fuzzer)
+    Buffer lay(DLDataType{kDLInt, 64, 1}, {4});
+    lay.t.byte_offset = ~uint64_t(7);
+    const lbopt_attr la[] = {str("kind", "4bit"), i64("numel", 300)};
+    const DLTensor* lt[] = {&lay.t};
+    const uint64_t lay_before = hash(lay);
+    CHECK(lbopt_op_invoke(lbopt_op_find("lbopt.state_layout"), lt, 1, la, 2, nullptr) == LBOPT_ERR_SHAPE);
+    CHECK(hash(lay) == lay_before);
     const lbopt_attr bad_kind[] = {str("kind", "3bit"), i64("numel", 300)};
     const DLTensor* it[] = {&m.m.codes->t, &m.m.scales->t};
     CHECK(lbopt_op_invoke(lbopt_op_find("lbopt.state_init"), it, 2, bad_kind, 2, nullptr) == LBOPT_ERR_INVALID_VALUE);

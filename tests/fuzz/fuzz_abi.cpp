@@ -21,7 +21,8 @@
 // input "\x00" is a valid 4-bit step and every seed can be short):
 //   u8 entry (% 7): 0 adamw_step, 1 adamw_step_capturable, 2 quantize, 3 dequantize, 4 state_init,
 //                   5 state_layout, 6 op_invoke
-//   u32 content seed, u8 misc (bit0: pass a non-NULL dummy stream, which CPU calls must ignore)
+//   u32 content seed, u8 misc (bit0: pass a non-NULL dummy stream, which CPU calls must ignore; bit1: tensors on
+//   cuda:0 by default, bit2: on kDLCUDAHost by default)
 //   then the entry's fields in the order the decode_* functions below read them; each tensor is
 //   u8 mut, u8 aux, then the fields mut selects (see Ctx::tensor).
 // LBOPT_FUZZ_VERBOSE=1 prints one line per input (entry, status, message): run the binary on a file to see what
@@ -224,6 +225,7 @@ struct Ctx {
   std::deque<std::string> strings;
   const char* entry = "";
   void* stream = nullptr;
+  DLDevice device{kDLCPU, 0};  // every tensor's device unless its own is fuzzed
   // lbopt_state_layout's out struct, if any (an alloc of its own)
   int raw_out = -1;
   size_t raw_out_size = 0;
@@ -288,7 +290,7 @@ struct Ctx {
       T.t.dtype.lanes = r.u16();
     }
     // device
-    T.t.device = {kDLCPU, 0};
+    T.t.device = device;
     if (mut & 0x02) {
       const uint8_t s = r.u8();
       switch (s & 3) {
@@ -991,6 +993,14 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     fprintf(stderr, "lbopt fuzz: lbopt_set_num_threads(1) failed: %s\n", lbopt_last_error());
     abort();
   }
+  // Host buffers are passed as kDLCUDA tensors (which must be refused): never where CUDA could take them.
+  const char* info = lbopt_build_info();
+  if (g_verbose) fprintf(stderr, "lbopt fuzz: %s\n", info);
+  if (!strstr(info, "\"cuda_devices\":0,")) {
+    fprintf(stderr, "lbopt fuzz: a CUDA device is usable (%s); this harness must run against a build without CUDA "
+            "or where no device is usable\n", info);
+    abort();
+  }
   if ((lbopt_version() >> 16) != LBOPT_VERSION_MAJOR) {
     fprintf(stderr, "lbopt fuzz: library ABI major %u, header %d\n", lbopt_version() >> 16, LBOPT_VERSION_MAJOR);
     abort();
@@ -1005,6 +1015,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.rng = c.r.u32() ^ 0x1b0b7ull;
   const uint8_t misc = c.r.u8();
   if (misc & 1) c.stream = reinterpret_cast<void*>(uintptr_t(0x10));
+  // All tensors on cuda:0 (a build without CUDA must say LBOPT_ERR_UNSUPPORTED; a CUDA build would take these
+  // host buffers for device memory, so this harness is built with LBOPT_WITH_CUDA=0) or on CUDAHost (host memory).
+  if (misc & 2) c.device = {kDLCUDA, 0};
+  else if (misc & 4) c.device = {kDLCUDAHost, 0};
   switch (entry % 7) {
     case 0: run_step(c, false); break;
     case 1: run_step(c, true); break;
