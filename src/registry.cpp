@@ -95,6 +95,7 @@ const char* type_name(int32_t t) {
 }
 
 constexpr size_t kMaxAttrs = 16;
+static_assert(sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) <= kMaxAttrs, "Attrs holds every attribute of an op");
 
 // Attribute values of one invoke, in schema order, defaults filled in.
 struct Attrs {

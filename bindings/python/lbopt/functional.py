@@ -93,8 +93,7 @@ def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.9
                                _abi.DLDataType(_abi.kDLUInt, 8, 1), shape, None, 0)
     opts = _abi.StepOptions()
     _abi.check(_abi.lib.lbopt_step_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
-    device = params[0] if n else None
-    if n and borrow(device).dl.device.device_type == _abi.kDLCPU:
+    if n and views[0].dl.device.device_type == _abi.kDLCPU:  # the skip flags are read back on the host
         opts.skipped = ctypes.pointer(skipped_dl)
     _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(cfg), float(lr), slots, n, ctypes.byref(opts)))
     return [bool(skipped[i]) for i in range(n)]
