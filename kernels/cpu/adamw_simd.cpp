@@ -1,8 +1,8 @@
-// SIMD CPU kernels (Google Highway, runtime dispatch): the same per-element arithmetic as adamw_element.h and the
-// same per-value quantization as quant.h, a vector at a time, for whole scale blocks. Only targets with a fused
-// multiply-add run them, so every result is bit-identical to the portable kernels (tests/cpu/test_simd.cpp); on
-// other targets, for float16 params or grads, for stochastic rounding and for a partial last block the portable
-// kernels run instead.
+// SIMD CPU kernels (Google Highway, runtime dispatch): the same per-element arithmetic as adamw_element.h, the
+// same per-value quantization as quant.h and the same conversions and random bits as dtype_convert.h, a vector
+// at a time, for whole scale blocks. Only targets with a fused multiply-add run them, so every result is
+// bit-identical to the portable kernels (tests/cpu/test_simd.cpp); on other targets and for a partial last block
+// the portable kernels run instead.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/adamw_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -30,11 +30,22 @@ const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 #if LBOPT_EXACT_FMA
 
 using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
 using DI = hn::RebindToSigned<DF>;
+using VI = hn::Vec<DI>;
 using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
 using DU16 = hn::Rebind<uint16_t, DF>;
+using DF16 = hn::Rebind<hwy::float16_t, DF>;
+using DU8 = hn::Rebind<uint8_t, DF>;
+using DU64 = hn::Repartition<uint64_t, DU>;
+using DU8Pairs = hn::Rebind<uint8_t, DU64>;  // one byte per two floats: a packed pair of 4-bit codes
 
-// e4m3 decoding as a table, for the same gather as the codebooks.
+constexpr int64_t kMaxBlock = 256;
+constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
+constexpr int kTablePad = kMaxLanes > 16 ? kMaxLanes : 16;
+
+// e4m3 decoding as a table, for the same gather as the 8-bit codebooks.
 const float* fp8_table() {
   static const auto* table = [] {
     static float t[256];
@@ -44,163 +55,271 @@ const float* fp8_table() {
   return table;
 }
 
-template <class V>
-HWY_INLINE V load_elem(Dtype dt, const void* p, int64_t i) {
+// 16 floats (a 4-bit codebook, its midpoints, or every 16th midpoint of an 8-bit map) read by index with a
+// register permute where a vector holds 16 floats (AVX-512) or 8 (two permutes and a select, AVX2), and with a
+// gather on narrower vectors. Arrays, not vector members, so that scalable (SVE) vectors compile too.
+struct Table16 {
+  HWY_ALIGN float t[kTablePad];
+  void fill(const float* src, int stride) {
+    for (int i = 0; i < kTablePad; ++i) t[i] = src[(i < 16 ? i : 15) * stride + stride - 1];
+  }
+};
+
+HWY_INLINE VF lookup16(const Table16& tab, VI index) {
+  const DF df;
+  const DI di;
+  const size_t n = hn::Lanes(df);
+  if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
+  if (n == 8) {
+    const auto lane = hn::IndicesFromVec(df, hn::And(index, hn::Set(di, 7)));
+    const auto high = hn::RebindMask(df, hn::Gt(index, hn::Set(di, 7)));
+    return hn::IfThenElse(high, hn::TableLookupLanes(hn::Load(df, tab.t + 8), lane),
+                          hn::TableLookupLanes(hn::Load(df, tab.t), lane));
+  }
+  return hn::GatherIndex(df, tab.t, index);
+}
+
+// codebook_encode's branch-free binary search over 16 sorted midpoints: four lookups instead of 15 compares.
+HWY_INLINE VI search16(const Table16& mids, VF y) {
+  const DI di;
+  auto code = hn::Zero(di);
+  for (int32_t step = 8; step > 0; step >>= 1) {
+    const auto le = hn::RebindMask(di, hn::Le(lookup16(mids, hn::Add(code, hn::Set(di, step - 1))), y));
+    code = hn::Add(code, hn::IfThenElseZero(le, hn::Set(di, step)));
+  }
+  return code;
+}
+
+// quant.h's fp8_e4m3_encode for finite y: nearest even, saturating at 448, subnormals in steps of 2^-9.
+HWY_INLINE VU fp8_encode(VF y) {
+  const DF df;
+  const DU du;
+  const auto sign = hn::And(hn::ShiftRight<24>(hn::BitCast(du, y)), hn::Set(du, 0x80u));
+  const auto a = hn::Min(hn::Abs(y), hn::Set(df, 448.0f));
+  const auto sub = hn::BitCast(du, hn::ConvertTo(DI(), hn::Round(hn::Mul(a, hn::Set(df, 512.0f)))));
+  auto b = hn::BitCast(du, a);
+  b = hn::Add(b, hn::Add(hn::Set(du, 0x7ffffu), hn::And(hn::ShiftRight<20>(b), hn::Set(du, 1u))));
+  const auto normal = hn::Or(hn::ShiftLeft<3>(hn::Sub(hn::ShiftRight<23>(b), hn::Set(du, 120u))),
+                             hn::And(hn::ShiftRight<20>(b), hn::Set(du, 7u)));
+  const auto is_sub = hn::RebindMask(du, hn::Lt(a, hn::Set(df, 0.015625f)));
+  return hn::Or(sign, hn::IfThenElse(is_sub, sub, hn::Min(normal, hn::Set(du, 0x7eu))));
+}
+
+// A state's codec with its 16-entry tables laid out for lookup16.
+struct SimdCodec {
+  StateCodec c;
+  Table16 values, mids;  // 4-bit: the codebook and its midpoints; 8-bit: every 16th midpoint (in mids)
+  const float* gather_values;
+
+  SimdCodec(int kind, bool second_moment) : c(host_codec(kind, second_moment)) {
+    gather_values = kind == kStateFp8 ? fp8_table() : c.values;
+    if (kind == kState4Bit) {
+      values.fill(c.values, 1);
+      mids.fill(c.mids, 1);
+    } else if (kind == kState8Bit) {
+      mids.fill(c.mids, 16);
+    }
+  }
+};
+
+// Decode block b (elements start .. start + bs) of a quantized state into x.
+HWY_INLINE void decode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_t start, int64_t bs, float* x) {
+  const DF df;
+  const DU du;
+  const int64_t n = int64_t(hn::Lanes(df));
+  const auto scale = hn::Set(df, st.scales[b]);
+  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
+  if (sc.c.kind == kState4Bit) {
+    // A vector of floats takes half as many bytes; each byte is duplicated, widened, and shifted by 4 in even
+    // lanes (high nibble first). Copied so that the last full-width byte load stays inside the buffer.
+    HWY_ALIGN uint8_t bytes[kMaxBlock / 2 + kMaxLanes];
+    memcpy(bytes, codes + (start >> 1), size_t(bs / 2));
+    const auto one = hn::Set(du, 1u);
+    const auto shift = hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
+    for (int64_t i = 0; i < bs; i += n) {
+      const auto pairs = hn::LoadU(DU8(), bytes + i / 2);
+      const auto code = hn::And(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)) >> shift,
+                                hn::Set(du, 15u));
+      hn::Store(hn::Mul(lookup16(sc.values, hn::BitCast(DI(), code)), scale), df, x + i);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < bs; i += n) {
+    const auto code = hn::BitCast(DI(), hn::PromoteTo(du, hn::LoadU(DU8(), codes + start + i)));
+    hn::Store(hn::Mul(hn::GatherIndex(df, sc.gather_values, code), scale), df, x + i);
+  }
+}
+
+// Requantize block b from x (finite values) with the block's absmax.
+HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_t start, int64_t bs, const float* x,
+                             float absmax) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const int64_t n = int64_t(hn::Lanes(df));
+  const float scale = sc.c.scale_for(absmax);
+  st.scales[b] = scale;
+  const auto vscale = hn::Set(df, scale);
+  uint8_t* codes = static_cast<uint8_t*>(st.codes);
+  const auto one = hn::Set(du, 1u);
+  const auto shift = hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
+  for (int64_t i = 0; i < bs; i += n) {
+    const auto y = hn::Div(hn::Load(df, x + i), vscale);
+    VU code;
+    if (sc.c.kind == kStateFp8) {
+      code = fp8_encode(y);
+    } else if (sc.c.kind == kState4Bit) {
+      code = hn::BitCast(du, search16(sc.mids, y));
+    } else {
+      // the first four of the eight steps over 256 midpoints probe only every 16th one; the last four gather
+      auto c8 = hn::ShiftLeft<4>(search16(sc.mids, y));
+      for (int32_t step = 8; step > 0; step >>= 1) {
+        const auto probe = hn::GatherIndex(df, sc.c.mids, hn::Add(c8, hn::Set(di, step - 1)));
+        c8 = hn::Add(c8, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(probe, y)), hn::Set(di, step)));
+      }
+      code = hn::BitCast(du, c8);
+    }
+    if (sc.c.guard_zero) {
+      const auto lift = hn::And(hn::Eq(code, hn::Zero(du)), hn::RebindMask(du, hn::Gt(y, hn::Zero(df))));
+      code = hn::IfThenElse(lift, one, code);
+    }
+    if (sc.c.kind == kState4Bit) {  // high nibble first: shift even lanes, then OR each lane pair into one byte
+      const auto pair = hn::BitCast(DU64(), code << shift);
+      hn::StoreU(hn::TruncateTo(DU8Pairs(), hn::Or(pair, hn::ShiftRight<32>(pair))), DU8Pairs(),
+                 codes + ((start + i) >> 1));
+    } else {
+      hn::StoreU(hn::TruncateTo(DU8(), code), DU8(), codes + start + i);
+    }
+  }
+}
+
+HWY_INLINE VF load_value(Dtype dt, const void* p, int64_t i) {
   const DF df;
   if (dt == kFloat32) return hn::LoadU(df, static_cast<const float*>(p) + i);
-  const DU du;
-  const DU16 du16;
-  const auto bits = hn::PromoteTo(du, hn::LoadU(du16, static_cast<const uint16_t*>(p) + i));
+  if (dt == kFloat16) return hn::PromoteTo(df, hn::LoadU(DF16(), static_cast<const hwy::float16_t*>(p) + i));
+  const auto bits = hn::PromoteTo(DU(), hn::LoadU(DU16(), static_cast<const uint16_t*>(p) + i));
   return hn::BitCast(df, hn::ShiftLeft<16>(bits));
 }
 
-template <class V>
-HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, V x) {
-  const DF df;
-  if (dt == kFloat32) return hn::StoreU(x, df, static_cast<float*>(p) + i);
-  // float_to_bf16: round to nearest even, NaN stays a quiet NaN
+// dtype_convert.h's random_bits for the elements e0 .. e0 + lanes - 1: a u64 vector holds half of them, so the
+// even and the odd elements are mixed separately and interleaved.
+HWY_INLINE VU random_bits_vec(uint64_t seed, uint64_t step, int64_t e0) {
+  const DU64 d64;
+  const auto base = hn::Set(d64, seed ^ (step * 0x9E3779B97F4A7C15ull));
+  const auto mix = [&](hn::Vec<DU64> index) {
+    auto z = hn::Add(base, (index + hn::Set(d64, 1)) * hn::Set(d64, 0xD1B54A32D192ED03ull));
+    z = hn::Xor(z, hn::ShiftRight<30>(z)) * hn::Set(d64, 0xBF58476D1CE4E5B9ull);
+    z = hn::Xor(z, hn::ShiftRight<27>(z)) * hn::Set(d64, 0x94D049BB133111EBull);
+    return hn::Xor(z, hn::ShiftRight<31>(z));
+  };
+  const auto lane = hn::Iota(d64, 0);
+  const auto even = hn::Add(hn::Set(d64, uint64_t(e0)), hn::Add(lane, lane));
   const DU du;
-  const DI di;
-  const DU16 du16;
+  return hn::OddEven(hn::BitCast(du, hn::ShiftLeft<32>(mix(hn::Add(even, hn::Set(d64, 1))))),
+                     hn::BitCast(du, mix(even)));
+}
+
+// dtype_convert.h's float_to_bf16 / float_to_bf16_stochastic / float_to_f16; NaN stays the same quiet NaN.
+HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random) {
+  const DF df;
+  const DU du;
+  if (dt == kFloat32) return hn::StoreU(x, df, static_cast<float*>(p) + i);
   const auto b = hn::BitCast(du, x);
-  const auto rounded = hn::ShiftRight<16>(hn::Add(b, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(b),
-                                                                                      hn::Set(du, 1u)))));
-  const auto is_nan = hn::Gt(hn::And(b, hn::Set(du, 0x7fffffffu)), hn::Set(du, 0x7f800000u));
-  const auto nan = hn::Or(hn::ShiftRight<16>(b), hn::Set(du, 0x40u));
-  const auto out = hn::IfThenElse(is_nan, nan, rounded);
-  hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, out)), du16, static_cast<uint16_t*>(p) + i);
-}
-
-// Decode one whole block of a state into x.
-void decode(const StateCodec& c, StateRef st, int64_t b, int64_t start, int64_t bs, float* x, int32_t* idx) {
-  if (c.kind == kStateFp32) {
-    memcpy(x, static_cast<const float*>(st.codes) + start, size_t(bs) * sizeof(float));
-    return;
-  }
-  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
-  if (c.kind == kState4Bit) {
-    for (int64_t j = 0; j < bs / 2; ++j) {
-      const uint8_t byte = codes[(start >> 1) + j];
-      idx[2 * j] = byte >> 4;
-      idx[2 * j + 1] = byte & 15;
-    }
+  const auto is_nan = hn::RebindMask(du, hn::IsNaN(x));
+  const auto high = hn::ShiftRight<16>(b);
+  VU out, nan;
+  if (dt == kFloat16) {  // the hardware conversion rounds to nearest even, to Inf past 65504, subnormals too
+    out = hn::PromoteTo(du, hn::BitCast(DU16(), hn::DemoteTo(DF16(), x)));
+    nan = hn::Or(hn::And(high, hn::Set(du, 0x8000u)), hn::Set(du, 0x7e00u));
   } else {
-    for (int64_t j = 0; j < bs; ++j) idx[j] = codes[start + j];
-  }
-  const DF df;
-  const DI di;
-  const float* table = c.kind == kStateFp8 ? fp8_table() : c.values;
-  const auto scale = hn::Set(df, st.scales[b]);
-  for (int64_t i = 0; i < bs; i += int64_t(hn::Lanes(df)))
-    hn::Store(hn::Mul(hn::GatherIndex(df, table, hn::Load(di, idx + i)), scale), df, x + i);
-}
-
-// Requantize one whole block from x with a fresh absmax scale; non-finite values are stored as 0.
-void encode(const StateCodec& c, StateRef st, int64_t b, int64_t start, int64_t bs, float* x, int32_t* idx) {
-  if (c.kind == kStateFp32) {
-    memcpy(static_cast<float*>(st.codes) + start, x, size_t(bs) * sizeof(float));
-    return;
-  }
-  const DF df;
-  const DI di;
-  const int64_t n = int64_t(hn::Lanes(df));
-  auto absmax = hn::Zero(df);
-  for (int64_t i = 0; i < bs; i += n) {
-    const auto v = hn::Load(df, x + i);
-    const auto finite = hn::IfThenElseZero(hn::IsFinite(v), v);
-    hn::Store(finite, df, x + i);
-    absmax = hn::Max(absmax, hn::Abs(finite));
-  }
-  const float scale = c.scale_for(hn::GetLane(hn::MaxOfLanes(df, absmax)));
-  st.scales[b] = scale;
-  const auto vscale = hn::Set(df, scale);
-  for (int64_t i = 0; i < bs; i += n) {
-    const auto y = hn::Div(hn::Load(df, x + i), vscale);
-    if (c.kind == kStateFp8) {  // the bit-level e4m3 rounding stays scalar, as StateCodec::encode
-      hn::Store(y, df, x + i);
-      for (int64_t k = 0; k < n; ++k) {
-        uint32_t code = fp8_e4m3_encode(x[i + k]);
-        if (c.guard_zero && code == 0 && x[i + k] > 0.0f) code = 1;
-        idx[i + k] = int32_t(code);
-      }
-      continue;
-    }
-    auto code = hn::Zero(di);
-    if (c.entries == 16) {  // count the midpoints <= y
-      for (int k = 0; k < 15; ++k)
-        code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(hn::Set(df, c.mids[k]), y)), hn::Set(di, 1)));
+    const auto low = hn::And(b, hn::Set(du, 0xffffu));
+    if (random) {
+      const auto up = hn::Lt(hn::And(*random, hn::Set(du, 0xffffu)), low);
+      out = hn::Add(high, hn::IfThenElseZero(up, hn::Set(du, 1u)));
     } else {
-      // codebook_encode's binary search over 256 midpoints: its first four steps only probe mids[16j + 15], so
-      // they are a count over those 15 (broadcast, no gather); the last four steps gather.
-      for (int j = 0; j < 15; ++j)
-        code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(hn::Set(df, c.mids[16 * j + 15]), y)),
-                                                hn::Set(di, 16)));
-      for (int32_t step = 8; step > 0; step >>= 1) {
-        const auto probe = hn::GatherIndex(df, c.mids, hn::Add(code, hn::Set(di, step - 1)));
-        code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(probe, y)), hn::Set(di, step)));
-      }
+      out = hn::ShiftRight<16>(hn::Add(b, hn::Add(hn::Set(du, 0x7fffu), hn::And(high, hn::Set(du, 1u)))));
     }
-    if (c.guard_zero) {
-      const auto lift = hn::And(hn::Eq(code, hn::Zero(di)), hn::RebindMask(di, hn::Gt(y, hn::Zero(df))));
-      code = hn::IfThenElse(lift, hn::Set(di, 1), code);
-    }
-    hn::Store(code, di, idx + i);
+    nan = hn::Or(high, hn::Set(du, 0x40u));
   }
-  uint8_t* codes = static_cast<uint8_t*>(st.codes);
-  if (c.kind == kState4Bit) {
-    for (int64_t j = 0; j < bs / 2; ++j) codes[(start >> 1) + j] = uint8_t((idx[2 * j] << 4) | idx[2 * j + 1]);
-  } else {
-    for (int64_t j = 0; j < bs; ++j) codes[start + j] = uint8_t(idx[j]);
-  }
+  out = hn::IfThenElse(is_nan, nan, out);
+  hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), out)), DU16(), static_cast<uint16_t*>(p) + i);
+}
+
+// fmaxf: a NaN operand yields the other one (AMSGrad's running max keeps its value on a NaN v).
+HWY_INLINE VF fmax_vec(VF a, VF b) {
+  return hn::IfThenElse(hn::IsNaN(a), b, hn::IfThenElse(hn::IsNaN(b), a, hn::Max(a, b)));
+}
+
+// Zero the non-finite lanes (finite_or_zero) and fold |x| into a block's absmax.
+HWY_INLINE VF finite_for_state(VF x, VF& absmax) {
+  const auto f = hn::IfThenElseZero(hn::IsFinite(x), x);
+  absmax = hn::Max(absmax, hn::Abs(f));
+  return f;
 }
 
 int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
-  const bool sr = flags.stochastic_round && slot.param_dtype == kBfloat16;
-  if (sr || slot.param_dtype == kFloat16 || slot.grad_dtype == kFloat16) return b0;
-  const int64_t bs = work_block_size(flags.kind);
+  const int kind = flags.kind;
+  const int64_t bs = work_block_size(kind);
   b1 = b1 < slot.numel / bs ? b1 : slot.numel / bs;  // whole blocks only
-  const StateCodec cm = host_codec(flags.kind, false), cv = host_codec(flags.kind, true);
+  if (b1 <= b0) return b0;
+  const bool quantized = kind != kStateFp32;
+  const SimdCodec cm(kind, false), cv(kind, true);
   const StepScalars& s = slot.scalars;
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
-  HWY_ALIGN float m[256], v[256], vm[256];
-  HWY_ALIGN int32_t idx[256];
+  const bool sr = flags.stochastic_round && slot.param_dtype == kBfloat16;
+  HWY_ALIGN float mbuf[kMaxBlock], vbuf[kMaxBlock], vmbuf[kMaxBlock];
   const auto grad_factor = hn::Set(df, s.grad_factor), decay = hn::Set(df, s.decay_factor), wd = hn::Set(df, s.wd);
   const float w = s.one_minus_beta1;
-  const auto vw = hn::Set(df, w < 0.5f ? w : -(1.0f - w));
+  const auto lerp_w = hn::Set(df, w < 0.5f ? w : -(1.0f - w));
   const auto beta2 = hn::Set(df, s.beta2), omb2 = hn::Set(df, s.one_minus_beta2);
   const auto nss = hn::Set(df, s.neg_step_size), sqrt_bc2 = hn::Set(df, s.sqrt_bc2), eps = hn::Set(df, s.eps);
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
-    decode(cm, slot.m, b, start, bs, m, idx);
-    decode(cv, slot.v, b, start, bs, v, idx);
-    if (s.amsgrad) decode(cv, slot.vmax, b, start, bs, vm, idx);
+    // FP32 states are updated in place; quantized ones through a decoded block
+    float* m = quantized ? mbuf : static_cast<float*>(slot.m.codes) + start;
+    float* v = quantized ? vbuf : static_cast<float*>(slot.v.codes) + start;
+    float* vm = !s.amsgrad ? vmbuf : (quantized ? vmbuf : static_cast<float*>(slot.vmax.codes) + start);
+    if (quantized) {
+      decode_block(cm, slot.m, b, start, bs, m);
+      decode_block(cv, slot.v, b, start, bs, v);
+      if (s.amsgrad) decode_block(cv, slot.vmax, b, start, bs, vm);
+    }
+    auto max_m = hn::Zero(df), max_v = hn::Zero(df), max_vm = hn::Zero(df);
     for (int64_t i = 0; i < bs; i += n) {
-      auto p = load_elem<hn::Vec<DF>>(slot.param_dtype, slot.param, start + i);
-      auto g = hn::Mul(load_elem<hn::Vec<DF>>(slot.grad_dtype, slot.grad, start + i), grad_factor);
-      if (s.coupled_decay) g = hn::MulAdd(wd, p, g);
-      else p = hn::Mul(p, decay);
-      auto vm_ = hn::Load(df, m + i);
-      const auto diff = hn::Sub(g, vm_);
-      vm_ = hn::MulAdd(vw, diff, w < 0.5f ? vm_ : g);  // torch.lerp, as adamw_element
-      auto vv = hn::MulAdd(hn::Mul(omb2, g), g, hn::Mul(hn::Load(df, v + i), beta2));
-      auto used = vv;
+      auto p = load_value(slot.param_dtype, slot.param, start + i);
+      auto g = hn::Mul(load_value(slot.grad_dtype, slot.grad, start + i), grad_factor);
+      if (s.coupled_decay) {
+        g = hn::MulAdd(wd, p, g);
+      } else {
+        p = hn::Mul(p, decay);
+      }
+      auto mi = hn::LoadU(df, m + i);  // FP32 states: the caller's memory, any alignment
+      mi = hn::MulAdd(lerp_w, hn::Sub(g, mi), w < 0.5f ? mi : g);  // torch.lerp, as adamw_element
+      const auto vi = hn::MulAdd(hn::Mul(omb2, g), g, hn::Mul(hn::LoadU(df, v + i), beta2));
+      auto used = vi;
       if (s.amsgrad) {
-        const auto mx = hn::Max(hn::Load(df, vm + i), vv);
-        hn::Store(mx, df, vm + i);
-        used = mx;
+        used = fmax_vec(hn::LoadU(df, vm + i), vi);
+        hn::StoreU(quantized ? finite_for_state(used, max_vm) : used, df, vm + i);
       }
       const auto denom = hn::Add(hn::Div(hn::Sqrt(used), sqrt_bc2), eps);
-      p = hn::Add(p, hn::Div(hn::Mul(nss, vm_), denom));
-      store_param(slot.param_dtype, slot.param, start + i, p);
-      hn::Store(vm_, df, m + i);
-      hn::Store(vv, df, v + i);
+      p = hn::Add(p, hn::Div(hn::Mul(nss, mi), denom));
+      if (sr) {
+        const VU random = random_bits_vec(flags.seed, uint64_t(slot.step), start + i);
+        store_param(slot.param_dtype, slot.param, start + i, p, &random);
+      } else {
+        store_param(slot.param_dtype, slot.param, start + i, p, nullptr);
+      }
+      hn::StoreU(quantized ? finite_for_state(mi, max_m) : mi, df, m + i);
+      hn::StoreU(quantized ? finite_for_state(vi, max_v) : vi, df, v + i);
     }
-    encode(cm, slot.m, b, start, bs, m, idx);
-    encode(cv, slot.v, b, start, bs, v, idx);
-    if (s.amsgrad) encode(cv, slot.vmax, b, start, bs, vm, idx);
+    if (quantized) {
+      encode_block(cm, slot.m, b, start, bs, m, hn::GetLane(hn::MaxOfLanes(df, max_m)));
+      encode_block(cv, slot.v, b, start, bs, v, hn::GetLane(hn::MaxOfLanes(df, max_v)));
+      if (s.amsgrad) encode_block(cv, slot.vmax, b, start, bs, vm, hn::GetLane(hn::MaxOfLanes(df, max_vm)));
+    }
   }
-  return b1 > b0 ? b1 : b0;
+  return b1;
 }
 
 #else

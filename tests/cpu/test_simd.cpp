@@ -4,6 +4,7 @@
 #include <hwy/targets.h>
 
 #include <stdlib.h>
+#include <string.h>
 
 #include <random>
 #include <string>
@@ -14,19 +15,31 @@ using namespace test;
 
 namespace {
 
+ref::Dtype ref_dtype(DLDataType t) { return t.bits == 32 ? ref::kF32 : (t.code == kDLBfloat ? ref::kBF16 : ref::kF16); }
+
 struct Run {
   Buffer p, g;
   State m, v, vmax;
-  Run(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n)
+  Run(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, bool nonfinite)
       : p(pt, {n}), g(gt, {n}), m(k, n), v(k, n), vmax(k, n) {
     std::mt19937_64 rng(uint64_t(n) * 7 + k);
     std::normal_distribution<double> nd;
-    const ref::Dtype pd = pt.bits == 32 ? ref::kF32 : ref::kBF16, gd = gt.bits == 32 ? ref::kF32 : ref::kBF16;
+    const ref::Dtype pd = ref_dtype(pt), gd = ref_dtype(gt);
     for (int64_t i = 0; i < n; ++i) {
       store(pd, p.t.data, i, ref::to_dtype(pd, 0.1 * nd(rng)));
-      store(gd, g.t.data, i, ref::to_dtype(gd, (i % 97 == 0 ? 1e-30 : 0.01) * nd(rng)));  // tiny grads too
+      // tiny grads (subnormal halves, near-zero codes) and, in some runs, NaN / Inf in a few blocks
+      double gi = (i % 97 == 0 ? 1e-30 : (i % 89 == 0 ? 1e-6 : 0.01)) * nd(rng);
+      if (nonfinite && i % 301 == 5) gi = i % 2 ? NAN : -INFINITY;
+      store(gd, g.t.data, i, ref::to_dtype(gd, gi));
     }
     for (State* s : {&m, &v, &vmax}) lbopt_state_init(k, n, s->view(), nullptr);
+    if (n % 2 == 0) return;  // odd sizes also run on buffers one element off their 64-byte alignment
+    for (Buffer* b : {&p, &g, m.codes.get(), v.codes.get(), vmax.codes.get()}) shift_one_element(*b);
+  }
+  static void shift_one_element(Buffer& b) {
+    const size_t elem = b.t.dtype.bits / 8;
+    memmove(static_cast<uint8_t*>(b.t.data) + elem, b.t.data, size_t(b.t.shape[0]) * elem);
+    b.t.byte_offset = elem;
   }
   uint64_t digest() const {
     uint64_t d = hash(p) ^ 3 * hash(*m.codes) ^ 5 * hash(*v.codes) ^ 7 * hash(*vmax.codes);
@@ -35,12 +48,13 @@ struct Run {
   }
 };
 
-uint64_t steps(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, uint32_t flags) {
-  Run r(k, pt, gt, n);
+uint64_t steps(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, uint32_t flags, bool nonfinite) {
+  Run r(k, pt, gt, n, nonfinite);
   lbopt_adamw_config cfg;
   lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = k;
   cfg.flags = flags;
+  cfg.seed = 0x5eed0000u + uint64_t(n);
   cfg.beta1 = flags & LBOPT_FLAG_MAXIMIZE ? 0.3 : 0.9;  // both branches of the lerp
   for (int64_t s = 1; s <= 3; ++s) {
     const bool ams = flags & LBOPT_FLAG_AMSGRAD;
@@ -53,14 +67,16 @@ uint64_t steps(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, uint
 
 uint64_t all_cases() {
   uint64_t d = 0;
-  const DLDataType dts[] = {f32(), bf16()};
+  const DLDataType dts[] = {f32(), bf16(), f16()};
   const uint32_t flag_sets[] = {0u, LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD,
-                                LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_AMSGRAD};
+                                LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_BF16_STOCHASTIC_ROUND};
   for (int k = 0; k < 4; ++k)
     for (const DLDataType& pt : dts)
       for (const DLDataType& gt : dts)
         for (uint32_t flags : flag_sets)
-          for (int64_t n : {int64_t(256), int64_t(1000), int64_t(4096 + 77)}) d = d * 31 + steps(lbopt_state_kind(k), pt, gt, n, flags);
+          for (int64_t n : {int64_t(256), int64_t(1000), int64_t(4096 + 77), int64_t(2048 + 1)})
+            for (bool nonfinite : {false, true})
+              d = d * 31 + steps(lbopt_state_kind(k), pt, gt, n, flags, nonfinite);
   return d;
 }
 
