@@ -1,13 +1,18 @@
-// CPU step throughput against a memory copy measured in the same run.
-// usage: bench_step [numel=16777216] [threads=all] [reps=5]
-// Prints, per state kind and param dtype: ns per element, effective GB/s (bytes of ALGORITHMS.md section 8:
-// param read+write, grad read, both states read+written) and the ratio to the copy's GB/s.
+// CPU step throughput against a memory copy of the same footprint, measured in the same run.
+// usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16]
+//                   [--reps 5] [--csv FILE]          (threads 0 = all; sizes take K/M suffixes)
+// Per state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s (the bytes
+// of ALGORITHMS.md section 8: param read+write, grad read, both states read+written, scales) and the ratio to
+// the roofline's GB/s (see roofline()), measured with the same footprint and threads; best of reps for all.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,6 +33,98 @@ double best_of(int reps, F&& f) {
   return best;
 }
 
+std::vector<std::string> split(const char* s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (; *s; ++s) {
+    if (*s == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += *s;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+int64_t parse_size(const std::string& s) {
+  const char suffix = s.empty() ? 0 : s.back();
+  const int64_t scale = suffix == 'K' ? 1024 : (suffix == 'M' ? 1 << 20 : (suffix == 'G' ? int64_t(1) << 30 : 1));
+  return int64_t(atof(s.c_str()) * double(scale));
+}
+
+// Threads that stay alive between timed runs (as lbopt's pool does), so a small copy is not dominated by
+// thread creation.
+class Team {
+ public:
+  explicit Team(int n) : n_(n) {
+    for (int i = 1; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
+  }
+  ~Team() {
+    stop_ = true;
+    generation_.fetch_add(1);
+    for (auto& t : threads_) t.join();
+  }
+  void run(const std::function<void(int, int)>& fn) {
+    fn_ = &fn;
+    done_.store(0);
+    generation_.fetch_add(1);
+    fn(0, n_);
+    while (done_.load() != n_ - 1) std::this_thread::yield();
+  }
+
+ private:
+  void loop(int i) {
+    for (uint64_t seen = 0;;) {
+      while (generation_.load() == seen) std::this_thread::yield();
+      seen = generation_.load();
+      if (stop_) return;
+      (*fn_)(i, n_);
+      done_.fetch_add(1);
+    }
+  }
+  int n_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> done_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int, int)>* fn_ = nullptr;
+};
+
+// The roofline is the better of two kernels with the step's footprint and thread count: memcpy (whose large-size
+// path streams with non-temporal stores) and an in-place x += y, the step's own access pattern (read-modify-write
+// of a buffer plus a read-only one: no read-for-ownership), in a plain loop the compiler vectorizes.
+struct Roofline {
+  double memcpy_gbs, inplace_gbs;
+  double best() const { return std::max(memcpy_gbs, inplace_gbs); }
+};
+
+void add_floats(float* x, const float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+// GB/s (bytes read + written) of each kernel moving `bytes` in all.
+Roofline roofline(Team& team, size_t bytes, int reps) {
+  const size_t n = bytes / 2 / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 0.0f);
+  const auto share = [&](int i, int k, size_t total) {
+    return std::make_pair(total * size_t(i) / size_t(k), total * size_t(i + 1) / size_t(k));
+  };
+  const std::function<void(int, int)> copy = [&](int i, int k) {
+    const auto [lo, hi] = share(i, k, n);
+    memcpy(b.data() + lo, a.data() + lo, (hi - lo) * sizeof(float));
+  };
+  const size_t m = bytes / 3 / sizeof(float);  // x read + written, y read
+  const std::function<void(int, int)> add = [&](int i, int k) {
+    const auto [lo, hi] = share(i, k, m);
+    add_floats(b.data() + lo, a.data() + lo, hi - lo);
+  };
+  const double t_copy = best_of(reps, [&] { team.run(copy); });
+  const double t_add = best_of(reps, [&] { team.run(add); });
+  return {2.0 * double(n * sizeof(float)) / t_copy / 1e9, 3.0 * double(m * sizeof(float)) / t_add / 1e9};
+}
+
 DLTensor view(void* data, int64_t* shape, DLDataType dt) {
   DLTensor t{};
   t.data = data;
@@ -38,71 +135,119 @@ DLTensor view(void* data, int64_t* shape, DLDataType dt) {
   return t;
 }
 
-// Copy rate (read + write bytes per second) of `threads` threads each copying its share.
-double copy_gbs(size_t bytes, int threads, int reps) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const double t = best_of(reps, [&] {
-    std::vector<std::thread> ts;
-    const size_t share = bytes / size_t(threads);
-    for (int i = 0; i < threads; ++i)
-      ts.emplace_back([&, i] { memcpy(b.data() + i * share, a.data() + i * share, share); });
-    for (auto& th : ts) th.join();
-  });
-  return 2.0 * double(bytes) / t / 1e9;
+// Normal-ish values (sum of uniforms) from a fast LCG, in fp32 or as bf16 bits, so codes and scales vary.
+void fill(std::vector<uint8_t>& buf, bool bf16, float sigma, uint64_t seed) {
+  const size_t elem = bf16 ? 2 : 4, n = buf.size() / elem;
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; ++i) {
+    float s = -2.0f;
+    for (int k = 0; k < 4; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      s += float(x >> 40) * (1.0f / 16777216.0f);
+    }
+    float f = s * 1.7f * sigma;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if (bf16) {
+      const uint16_t h = uint16_t(bits >> 16);
+      memcpy(&buf[i * 2], &h, 2);
+    } else {
+      memcpy(&buf[i * 4], &f, 4);
+    }
+  }
+}
+
+struct Row {
+  std::string kind, param;
+  int64_t numel;
+  int threads;
+  double ns, gbs;
+  Roofline roof;
+};
+
+Row run(int kind, bool bf16, int64_t n, int reps, Team& team) {
+  const DLDataType f32{kDLFloat, 32, 1}, b16{kDLBfloat, 16, 1};
+  const DLDataType dt = bf16 ? b16 : f32;
+  const size_t elem = bf16 ? 2 : 4;
+  std::vector<uint8_t> p(size_t(n) * elem), g(size_t(n) * elem);
+  fill(p, bf16, 0.1f, 1);
+  fill(g, bf16, 0.01f, 2);
+  lbopt_layout l;
+  lbopt_state_layout(lbopt_state_kind(kind), n, &l, sizeof l);
+  std::vector<uint8_t> mc(size_t(l.codes_bytes)), vc(size_t(l.codes_bytes));
+  std::vector<float> ms(size_t(std::max<int64_t>(l.scales_numel, 1))), vs(ms.size());
+  int64_t cn = l.codes_numel, sn = l.scales_numel;
+  DLTensor tp = view(p.data(), &n, dt), tg = view(g.data(), &n, dt), tmc = view(mc.data(), &cn, l.codes_dtype),
+           tvc = view(vc.data(), &cn, l.codes_dtype), tms = view(ms.data(), &sn, f32),
+           tvs = view(vs.data(), &sn, f32);
+  const bool plain = kind == LBOPT_STATE_FP32;
+  lbopt_adamw_slot slot{sizeof slot, &tp, &tg, {&tmc, plain ? nullptr : &tms}, {&tvc, plain ? nullptr : &tvs},
+                        {nullptr, nullptr}, 1};
+  lbopt_adamw_config cfg;
+  lbopt_adamw_config_init(&cfg, sizeof cfg);
+  cfg.state_kind = lbopt_state_kind(kind);
+  cfg.weight_decay = 0.01;
+  lbopt_state_init(cfg.state_kind, n, slot.m, nullptr);
+  lbopt_state_init(cfg.state_kind, n, slot.v, nullptr);
+  int64_t step = 0;
+  const auto one = [&] {
+    slot.step = ++step;
+    if (lbopt_adamw_step(&cfg, 1e-3, &slot, 1, nullptr) != LBOPT_OK) {
+      fprintf(stderr, "%s\n", lbopt_last_error());
+      exit(1);
+    }
+  };
+  one();  // first touch and non-trivial states
+  const double t = best_of(reps, one);
+  const double bytes = double(n) * (3.0 * double(elem)) + 4.0 * double(l.codes_bytes) + 16.0 * double(sn);
+  static const char* kinds[] = {"4bit", "8bit", "fp8", "fp32"};
+  Row r{kinds[kind], bf16 ? "bf16" : "fp32", n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
+  r.roof = roofline(team, size_t(bytes), reps);
+  return r;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t n = argc > 1 ? atoll(argv[1]) : (int64_t(1) << 24);
-  const int threads = argc > 2 ? atoi(argv[2]) : 0;
-  const int reps = argc > 3 ? atoi(argv[3]) : 5;
-  if (lbopt_set_num_threads(threads) != LBOPT_OK) return 1;
-  const int used = lbopt_get_num_threads();
-  const double copy = copy_gbs(size_t(n) * 4, used, reps);
-  printf("numel %lld, threads %d, copy %.2f GB/s\n", (long long)n, used, copy);
-  printf("%-6s %-6s %10s %10s %9s\n", "state", "param", "ns/elem", "GB/s", "vs copy");
-
-  const DLDataType f32{kDLFloat, 32, 1}, bf16{kDLBfloat, 16, 1};
-  const char* kinds[] = {"4bit", "8bit", "fp8", "fp32"};
-  for (int k = 0; k < 4; ++k)
-    for (int pd = 0; pd < 2; ++pd) {
-      const DLDataType dt = pd ? bf16 : f32;
-      const size_t elem = pd ? 2 : 4;
-      std::vector<uint8_t> p(size_t(n) * elem, 0), g(size_t(n) * elem, 0);
-      for (size_t i = 0; i < size_t(n); ++i) {  // small nonzero values in either dtype's upper bytes
-        p[i * elem + elem - 1] = 0x3c;
-        g[i * elem + elem - 1] = 0x38;
-      }
-      lbopt_layout l;
-      lbopt_state_layout(lbopt_state_kind(k), n, &l, sizeof l);
-      std::vector<uint8_t> mc(size_t(l.codes_bytes)), vc(size_t(l.codes_bytes));
-      std::vector<float> ms(size_t(std::max<int64_t>(l.scales_numel, 1))), vs(ms.size());
-      int64_t cn = l.codes_numel, sn = l.scales_numel;
-      DLTensor tp = view(p.data(), &n, dt), tg = view(g.data(), &n, dt), tmc = view(mc.data(), &cn, l.codes_dtype),
-               tvc = view(vc.data(), &cn, l.codes_dtype), tms = view(ms.data(), &sn, f32),
-               tvs = view(vs.data(), &sn, f32);
-      const bool plain = k == LBOPT_STATE_FP32;
-      lbopt_adamw_slot slot{sizeof slot, &tp, &tg, {&tmc, plain ? nullptr : &tms}, {&tvc, plain ? nullptr : &tvs},
-                            {nullptr, nullptr}, 1};
-      lbopt_adamw_config cfg;
-      lbopt_adamw_config_init(&cfg, sizeof cfg);
-      cfg.state_kind = lbopt_state_kind(k);
-      lbopt_state_init(cfg.state_kind, n, slot.m, nullptr);
-      lbopt_state_init(cfg.state_kind, n, slot.v, nullptr);
-      int64_t step = 0;
-      const double t = best_of(reps, [&] {
-        slot.step = ++step;
-        if (lbopt_adamw_step(&cfg, 1e-3, &slot, 1, nullptr) != LBOPT_OK) {
-          fprintf(stderr, "%s\n", lbopt_last_error());
-          exit(1);
-        }
-      });
-      // param r+w, grad r, codes r+w for m and v, scales r+w for m and v
-      const double bytes = double(n) * (3.0 * double(elem)) + 4.0 * double(l.codes_bytes) + 16.0 * double(sn);
-      const double gbs = bytes / t / 1e9;
-      printf("%-6s %-6s %10.3f %10.2f %8.1f%%\n", kinds[k], pd ? "bf16" : "fp32", t / double(n) * 1e9, gbs,
-             100.0 * gbs / copy);
+  std::vector<std::string> sizes{"1M", "16M"}, threads{"1", "0"}, kinds{"4bit", "8bit", "fp8", "fp32"},
+      params{"fp32", "bf16"};
+  int reps = 5;
+  const char* csv = nullptr;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--sizes") sizes = split(argv[i + 1]);
+    else if (a == "--threads") threads = split(argv[i + 1]);
+    else if (a == "--kinds") kinds = split(argv[i + 1]);
+    else if (a == "--params") params = split(argv[i + 1]);
+    else if (a == "--reps") reps = atoi(argv[i + 1]);
+    else if (a == "--csv") csv = argv[i + 1];
+    else {
+      fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
     }
+  }
+  FILE* out = csv ? fopen(csv, "w") : nullptr;
+  if (out) fprintf(out, "kind,param,numel,threads,ns_per_elem,gbs,memcpy_gbs,inplace_gbs\n");
+  printf("cpu kernels: %s\n", lbopt_build_info());
+  printf("%-5s %-5s %11s %4s %9s %8s %8s %8s %9s\n", "state", "param", "numel", "thr", "ns/elem", "GB/s", "memcpy",
+         "x+=y", "vs roof");
+  for (const std::string& th : threads) {
+    if (lbopt_set_num_threads(atoi(th.c_str())) != LBOPT_OK) return 1;
+    Team team(lbopt_get_num_threads());
+    for (const std::string& size : sizes)
+      for (const std::string& k : kinds)
+        for (const std::string& pd : params) {
+          const int kind = k == "4bit" ? 0 : k == "8bit" ? 1 : k == "fp8" ? 2 : 3;
+          const Row r = run(kind, pd == "bf16", parse_size(size), reps, team);
+          printf("%-5s %-5s %11lld %4d %9.3f %8.2f %8.2f %8.2f %8.1f%%\n", r.kind.c_str(), r.param.c_str(),
+                 (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs, r.roof.inplace_gbs,
+                 100.0 * r.gbs / r.roof.best());
+          fflush(stdout);
+          if (out)
+            fprintf(out, "%s,%s,%lld,%d,%.4f,%.3f,%.3f,%.3f\n", r.kind.c_str(), r.param.c_str(),
+                    (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs, r.roof.inplace_gbs);
+        }
+  }
+  if (out) fclose(out);
   return 0;
 }

@@ -55,9 +55,7 @@ const float* fp8_table() {
   return table;
 }
 
-// 16 floats (a 4-bit codebook, its midpoints, or every 16th midpoint of an 8-bit map) read by index with a
-// register permute where a vector holds 16 floats (AVX-512) or 8 (two permutes and a select, AVX2), and with a
-// gather on narrower vectors. Arrays, not vector members, so that scalable (SVE) vectors compile too.
+// 16 floats (a 4-bit codebook, its midpoints, or every 16th midpoint of an 8-bit map), padded to a whole vector.
 struct Table16 {
   HWY_ALIGN float t[kTablePad];
   void fill(const float* src, int stride) {
@@ -65,26 +63,33 @@ struct Table16 {
   }
 };
 
-HWY_INLINE VF lookup16(const Table16& tab, VI index) {
+// A Table16 held in registers (lo, and hi for the upper 8 entries where a vector has 8 lanes): kernels load it
+// once per call, so the loops hold no table loads. Plain vectors, not a struct, so that scalable (SVE) vectors
+// compile too.
+HWY_INLINE VF table_lo(const Table16& tab) { return hn::Load(DF(), tab.t); }
+HWY_INLINE VF table_hi(const Table16& tab) { return hn::Lanes(DF()) == 8 ? hn::Load(DF(), tab.t + 8) : table_lo(tab); }
+
+// tab[index]: one register permute where a vector holds 16 floats (AVX-512), two and a select where it holds 8
+// (AVX2), a gather on narrower vectors.
+HWY_INLINE VF lookup16(const Table16& tab, VF lo, VF hi, VI index) {
   const DF df;
   const DI di;
   const size_t n = hn::Lanes(df);
-  if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
+  if (n >= 16) return hn::TableLookupLanes(lo, hn::IndicesFromVec(df, index));
   if (n == 8) {
     const auto lane = hn::IndicesFromVec(df, hn::And(index, hn::Set(di, 7)));
     const auto high = hn::RebindMask(df, hn::Gt(index, hn::Set(di, 7)));
-    return hn::IfThenElse(high, hn::TableLookupLanes(hn::Load(df, tab.t + 8), lane),
-                          hn::TableLookupLanes(hn::Load(df, tab.t), lane));
+    return hn::IfThenElse(high, hn::TableLookupLanes(hi, lane), hn::TableLookupLanes(lo, lane));
   }
   return hn::GatherIndex(df, tab.t, index);
 }
 
 // codebook_encode's branch-free binary search over 16 sorted midpoints: four lookups instead of 15 compares.
-HWY_INLINE VI search16(const Table16& mids, VF y) {
+HWY_INLINE VI search16(const Table16& mids, VF lo, VF hi, VF y) {
   const DI di;
   auto code = hn::Zero(di);
   for (int32_t step = 8; step > 0; step >>= 1) {
-    const auto le = hn::RebindMask(di, hn::Le(lookup16(mids, hn::Add(code, hn::Set(di, step - 1))), y));
+    const auto le = hn::RebindMask(di, hn::Le(lookup16(mids, lo, hi, hn::Add(code, hn::Set(di, step - 1))), y));
     code = hn::Add(code, hn::IfThenElseZero(le, hn::Set(di, step)));
   }
   return code;
@@ -111,46 +116,57 @@ struct SimdCodec {
   Table16 values, mids;  // 4-bit: the codebook and its midpoints; 8-bit: every 16th midpoint (in mids)
   const float* gather_values;
 
+  bool linear16 = false;  // the map is k/16, k = 1..16 (4-bit v): encode by arithmetic, see encode_block
+
   SimdCodec(int kind, bool second_moment) : c(host_codec(kind, second_moment)) {
     gather_values = kind == kStateFp8 ? fp8_table() : c.values;
     if (kind == kState4Bit) {
       values.fill(c.values, 1);
       mids.fill(c.mids, 1);
+      linear16 = true;
+      for (int k = 0; k < 16; ++k)
+        linear16 &= c.values[k] == float(k + 1) / 16.0f && (k == 15 || c.mids[k] == float(2 * k + 3) / 32.0f);
     } else if (kind == kState8Bit) {
       mids.fill(c.mids, 16);
     }
   }
 };
 
-// Decode block b (elements start .. start + bs) of a quantized state into x.
-HWY_INLINE void decode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_t start, int64_t bs, float* x) {
+// Element 2i's code in the high nibble: shift counts 4, 0, 4, 0, ... by lane.
+HWY_INLINE VU nibble_shifts() {
+  const DU du;
+  const auto one = hn::Set(du, 1u);
+  return hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
+}
+
+// The codes of elements i .. i + lanes - 1 of a block, decoded and scaled. 4-bit: `codes` is the block's bytes
+// copied to a padded buffer (a full-width byte load may pass the block's end); each byte is duplicated, widened
+// and shifted. Otherwise the block's own bytes.
+template <int kKind>
+HWY_INLINE VF decode_vec(const SimdCodec& sc, VF lo, VF hi, const uint8_t* codes, int64_t i, VF scale) {
   const DF df;
   const DU du;
-  const int64_t n = int64_t(hn::Lanes(df));
-  const auto scale = hn::Set(df, st.scales[b]);
+  if (kKind == kState4Bit) {
+    const auto pairs = hn::LoadU(DU8(), codes + i / 2);
+    const auto code = hn::And(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)) >> nibble_shifts(),
+                              hn::Set(du, 15u));
+    return hn::Mul(lookup16(sc.values, lo, hi, hn::BitCast(DI(), code)), scale);
+  }
+  const auto code = hn::BitCast(DI(), hn::PromoteTo(du, hn::LoadU(DU8(), codes + i)));
+  return hn::Mul(hn::GatherIndex(df, sc.gather_values, code), scale);
+}
+
+// Where decode_vec reads block b of a quantized state: 4-bit codes go through the padded buffer.
+template <int kKind>
+HWY_INLINE const uint8_t* block_codes(StateRef st, int64_t start, int64_t bs, uint8_t* padded) {
   const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
-  if (sc.c.kind == kState4Bit) {
-    // A vector of floats takes half as many bytes; each byte is duplicated, widened, and shifted by 4 in even
-    // lanes (high nibble first). Copied so that the last full-width byte load stays inside the buffer.
-    HWY_ALIGN uint8_t bytes[kMaxBlock / 2 + kMaxLanes];
-    memcpy(bytes, codes + (start >> 1), size_t(bs / 2));
-    const auto one = hn::Set(du, 1u);
-    const auto shift = hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
-    for (int64_t i = 0; i < bs; i += n) {
-      const auto pairs = hn::LoadU(DU8(), bytes + i / 2);
-      const auto code = hn::And(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)) >> shift,
-                                hn::Set(du, 15u));
-      hn::Store(hn::Mul(lookup16(sc.values, hn::BitCast(DI(), code)), scale), df, x + i);
-    }
-    return;
-  }
-  for (int64_t i = 0; i < bs; i += n) {
-    const auto code = hn::BitCast(DI(), hn::PromoteTo(du, hn::LoadU(DU8(), codes + start + i)));
-    hn::Store(hn::Mul(hn::GatherIndex(df, sc.gather_values, code), scale), df, x + i);
-  }
+  if (kKind != kState4Bit) return codes + start;
+  memcpy(padded, codes + (start >> 1), size_t(bs / 2));
+  return padded;
 }
 
 // Requantize block b from x (finite values) with the block's absmax.
+template <int kKind>
 HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_t start, int64_t bs, const float* x,
                              float absmax) {
   const DF df;
@@ -161,29 +177,36 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
   st.scales[b] = scale;
   const auto vscale = hn::Set(df, scale);
   uint8_t* codes = static_cast<uint8_t*>(st.codes);
-  const auto one = hn::Set(du, 1u);
-  const auto shift = hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
+  const bool guard_zero = sc.c.guard_zero, linear = sc.linear16;
+  const float* mids256 = sc.c.mids;
+  const auto lo = table_lo(sc.mids), hi = table_hi(sc.mids);
+  const auto shift = nibble_shifts();
   for (int64_t i = 0; i < bs; i += n) {
     const auto y = hn::Div(hn::Load(df, x + i), vscale);
     VU code;
-    if (sc.c.kind == kStateFp8) {
+    if (kKind == kStateFp8) {
       code = fp8_encode(y);
-    } else if (sc.c.kind == kState4Bit) {
-      code = hn::BitCast(du, search16(sc.mids, y));
+    } else if (kKind == kState4Bit && linear) {
+      // count of midpoints (2k + 3) / 32 <= y: floor(16 y - 0.5) clamped to 0..15, exact in float because 16 y
+      // is and 16 y - 0.5 is representable wherever the floor can exceed 0
+      const auto t = hn::ConvertTo(di, hn::Floor(hn::MulAdd(hn::Set(df, 16.0f), y, hn::Set(df, -0.5f))));
+      code = hn::BitCast(du, hn::Min(hn::Max(t, hn::Zero(di)), hn::Set(di, 15)));
+    } else if (kKind == kState4Bit) {
+      code = hn::BitCast(du, search16(sc.mids, lo, hi, y));
     } else {
       // the first four of the eight steps over 256 midpoints probe only every 16th one; the last four gather
-      auto c8 = hn::ShiftLeft<4>(search16(sc.mids, y));
+      auto c8 = hn::ShiftLeft<4>(search16(sc.mids, lo, hi, y));
       for (int32_t step = 8; step > 0; step >>= 1) {
-        const auto probe = hn::GatherIndex(df, sc.c.mids, hn::Add(c8, hn::Set(di, step - 1)));
+        const auto probe = hn::GatherIndex(df, mids256, hn::Add(c8, hn::Set(di, step - 1)));
         c8 = hn::Add(c8, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(probe, y)), hn::Set(di, step)));
       }
       code = hn::BitCast(du, c8);
     }
-    if (sc.c.guard_zero) {
+    if (kKind != kState4Bit && guard_zero) {  // the 4-bit maps have no zero code to guard
       const auto lift = hn::And(hn::Eq(code, hn::Zero(du)), hn::RebindMask(du, hn::Gt(y, hn::Zero(df))));
-      code = hn::IfThenElse(lift, one, code);
+      code = hn::IfThenElse(lift, hn::Set(du, 1u), code);
     }
-    if (sc.c.kind == kState4Bit) {  // high nibble first: shift even lanes, then OR each lane pair into one byte
+    if (kKind == kState4Bit) {  // shift the even lanes, then OR each lane pair into one byte
       const auto pair = hn::BitCast(DU64(), code << shift);
       hn::StoreU(hn::TruncateTo(DU8Pairs(), hn::Or(pair, hn::ShiftRight<32>(pair))), DU8Pairs(),
                  codes + ((start + i) >> 1));
@@ -257,69 +280,101 @@ HWY_INLINE VF finite_for_state(VF x, VF& absmax) {
   return f;
 }
 
-int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
-  const int kind = flags.kind;
-  const int64_t bs = work_block_size(kind);
-  b1 = b1 < slot.numel / bs ? b1 : slot.numel / bs;  // whole blocks only
-  if (b1 <= b0) return b0;
-  const bool quantized = kind != kStateFp32;
-  const SimdCodec cm(kind, false), cv(kind, true);
-  const StepScalars& s = slot.scalars;
+template <int kKind>
+int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  constexpr bool kQuantized = kKind != kStateFp32;
+  const int64_t bs = work_block_size(kKind);
+  const SimdCodec cm(kKind, false), cv(kKind, true);
+  // Locals, not reads through slot: the byte stores of the codes may alias anything, which would force reloads.
+  const StepScalars s = slot.scalars;
+  const bool amsgrad = s.amsgrad, coupled = s.coupled_decay;
+  const Dtype pdt = slot.param_dtype, gdt = slot.grad_dtype;
+  void* const param = slot.param;
+  const void* const grad = slot.grad;
+  const StateRef sm = slot.m, sv = slot.v, svm = slot.vmax;
+  const bool sr = flags.stochastic_round && pdt == kBfloat16;
+  const uint64_t seed = flags.seed, step = uint64_t(slot.step);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
-  const bool sr = flags.stochastic_round && slot.param_dtype == kBfloat16;
   HWY_ALIGN float mbuf[kMaxBlock], vbuf[kMaxBlock], vmbuf[kMaxBlock];
+  HWY_ALIGN uint8_t mbytes[kMaxBlock / 2 + kMaxLanes], vbytes[kMaxBlock / 2 + kMaxLanes],
+      vmbytes[kMaxBlock / 2 + kMaxLanes];
+  const auto mval_lo = table_lo(cm.values), mval_hi = table_hi(cm.values);
+  const auto vval_lo = table_lo(cv.values), vval_hi = table_hi(cv.values);
   const auto grad_factor = hn::Set(df, s.grad_factor), decay = hn::Set(df, s.decay_factor), wd = hn::Set(df, s.wd);
   const float w = s.one_minus_beta1;
-  const auto lerp_w = hn::Set(df, w < 0.5f ? w : -(1.0f - w));
+  const bool lerp_low = w < 0.5f;
+  const auto lerp_w = hn::Set(df, lerp_low ? w : -(1.0f - w));
   const auto beta2 = hn::Set(df, s.beta2), omb2 = hn::Set(df, s.one_minus_beta2);
   const auto nss = hn::Set(df, s.neg_step_size), sqrt_bc2 = hn::Set(df, s.sqrt_bc2), eps = hn::Set(df, s.eps);
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
     // FP32 states are updated in place; quantized ones through a decoded block
-    float* m = quantized ? mbuf : static_cast<float*>(slot.m.codes) + start;
-    float* v = quantized ? vbuf : static_cast<float*>(slot.v.codes) + start;
-    float* vm = !s.amsgrad ? vmbuf : (quantized ? vmbuf : static_cast<float*>(slot.vmax.codes) + start);
-    if (quantized) {
-      decode_block(cm, slot.m, b, start, bs, m);
-      decode_block(cv, slot.v, b, start, bs, v);
-      if (s.amsgrad) decode_block(cv, slot.vmax, b, start, bs, vm);
+    float* m = kQuantized ? mbuf : static_cast<float*>(sm.codes) + start;
+    float* v = kQuantized ? vbuf : static_cast<float*>(sv.codes) + start;
+    float* vm = kQuantized || !amsgrad ? vmbuf : static_cast<float*>(svm.codes) + start;
+    const uint8_t *cm_b = nullptr, *cv_b = nullptr, *cvm_b = nullptr;
+    auto scale_m = hn::Zero(df), scale_v = scale_m, scale_vm = scale_m;
+    if (kQuantized) {  // decoded a vector at a time in the loop below
+      cm_b = block_codes<kKind>(sm, start, bs, mbytes);
+      cv_b = block_codes<kKind>(sv, start, bs, vbytes);
+      scale_m = hn::Set(df, sm.scales[b]);
+      scale_v = hn::Set(df, sv.scales[b]);
+      if (amsgrad) {
+        cvm_b = block_codes<kKind>(svm, start, bs, vmbytes);
+        scale_vm = hn::Set(df, svm.scales[b]);
+      }
     }
     auto max_m = hn::Zero(df), max_v = hn::Zero(df), max_vm = hn::Zero(df);
     for (int64_t i = 0; i < bs; i += n) {
-      auto p = load_value(slot.param_dtype, slot.param, start + i);
-      auto g = hn::Mul(load_value(slot.grad_dtype, slot.grad, start + i), grad_factor);
-      if (s.coupled_decay) {
+      auto p = load_value(pdt, param, start + i);
+      auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
+      if (coupled) {
         g = hn::MulAdd(wd, p, g);
       } else {
         p = hn::Mul(p, decay);
       }
-      auto mi = hn::LoadU(df, m + i);  // FP32 states: the caller's memory, any alignment
-      mi = hn::MulAdd(lerp_w, hn::Sub(g, mi), w < 0.5f ? mi : g);  // torch.lerp, as adamw_element
-      const auto vi = hn::MulAdd(hn::Mul(omb2, g), g, hn::Mul(hn::LoadU(df, v + i), beta2));
+      // FP32 states: the caller's memory, any alignment
+      auto mi = kQuantized ? decode_vec<kKind>(cm, mval_lo, mval_hi, cm_b, i, scale_m) : hn::LoadU(df, m + i);
+      mi = hn::MulAdd(lerp_w, hn::Sub(g, mi), lerp_low ? mi : g);  // torch.lerp, as adamw_element
+      const auto v_old = kQuantized ? decode_vec<kKind>(cv, vval_lo, vval_hi, cv_b, i, scale_v) : hn::LoadU(df, v + i);
+      const auto vi = hn::MulAdd(hn::Mul(omb2, g), g, hn::Mul(v_old, beta2));
       auto used = vi;
-      if (s.amsgrad) {
-        used = fmax_vec(hn::LoadU(df, vm + i), vi);
-        hn::StoreU(quantized ? finite_for_state(used, max_vm) : used, df, vm + i);
+      if (amsgrad) {
+        used = fmax_vec(kQuantized ? decode_vec<kKind>(cv, vval_lo, vval_hi, cvm_b, i, scale_vm) : hn::LoadU(df, vm + i),
+                        vi);
+        hn::StoreU(kQuantized ? finite_for_state(used, max_vm) : used, df, vm + i);
       }
       const auto denom = hn::Add(hn::Div(hn::Sqrt(used), sqrt_bc2), eps);
       p = hn::Add(p, hn::Div(hn::Mul(nss, mi), denom));
       if (sr) {
-        const VU random = random_bits_vec(flags.seed, uint64_t(slot.step), start + i);
-        store_param(slot.param_dtype, slot.param, start + i, p, &random);
+        const VU random = random_bits_vec(seed, step, start + i);
+        store_param(pdt, param, start + i, p, &random);
       } else {
-        store_param(slot.param_dtype, slot.param, start + i, p, nullptr);
+        store_param(pdt, param, start + i, p, nullptr);
       }
-      hn::StoreU(quantized ? finite_for_state(mi, max_m) : mi, df, m + i);
-      hn::StoreU(quantized ? finite_for_state(vi, max_v) : vi, df, v + i);
+      hn::StoreU(kQuantized ? finite_for_state(mi, max_m) : mi, df, m + i);
+      hn::StoreU(kQuantized ? finite_for_state(vi, max_v) : vi, df, v + i);
     }
-    if (quantized) {
-      encode_block(cm, slot.m, b, start, bs, m, hn::GetLane(hn::MaxOfLanes(df, max_m)));
-      encode_block(cv, slot.v, b, start, bs, v, hn::GetLane(hn::MaxOfLanes(df, max_v)));
-      if (s.amsgrad) encode_block(cv, slot.vmax, b, start, bs, vm, hn::GetLane(hn::MaxOfLanes(df, max_vm)));
+    if (kQuantized) {
+      encode_block<kKind>(cm, sm, b, start, bs, m, hn::GetLane(hn::MaxOfLanes(df, max_m)));
+      encode_block<kKind>(cv, sv, b, start, bs, v, hn::GetLane(hn::MaxOfLanes(df, max_v)));
+      if (amsgrad) encode_block<kKind>(cv, svm, b, start, bs, vm, hn::GetLane(hn::MaxOfLanes(df, max_vm)));
     }
   }
   return b1;
+}
+
+int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  const int64_t bs = work_block_size(flags.kind);
+  b1 = b1 < slot.numel / bs ? b1 : slot.numel / bs;  // whole blocks only
+  if (b1 <= b0) return b0;
+  switch (flags.kind) {
+    case kState4Bit: return step_blocks<kState4Bit>(slot, flags, b0, b1);
+    case kState8Bit: return step_blocks<kState8Bit>(slot, flags, b0, b1);
+    case kStateFp8: return step_blocks<kStateFp8>(slot, flags, b0, b1);
+    default: return step_blocks<kStateFp32>(slot, flags, b0, b1);
+  }
 }
 
 #else
