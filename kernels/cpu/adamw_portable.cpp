@@ -139,6 +139,7 @@ bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end) {
 
 void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t block_begin,
                      int64_t block_end) {
+  block_begin = quantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
   const int64_t bs = work_block_size(codec.kind);
   for (int64_t b = block_begin; b < block_end; ++b) {
     const int64_t start = b * bs;
@@ -148,6 +149,7 @@ void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, in
 
 void dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t block_begin,
                        int64_t block_end) {
+  block_begin = dequantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
   const int64_t bs = work_block_size(codec.kind);
   for (int64_t b = block_begin; b < block_end; ++b) {
     const int64_t start = b * bs;

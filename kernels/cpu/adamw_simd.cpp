@@ -45,16 +45,6 @@ constexpr int64_t kMaxBlock = 256;
 constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
 constexpr int kTablePad = kMaxLanes > 16 ? kMaxLanes : 16;
 
-// e4m3 decoding as a table, for the same gather as the 8-bit codebooks.
-const float* fp8_table() {
-  static const auto* table = [] {
-    static float t[256];
-    for (int c = 0; c < 256; ++c) t[c] = fp8_e4m3_decode(uint8_t(c));
-    return t;
-  }();
-  return table;
-}
-
 // 16 floats (a 4-bit codebook, its midpoints, or every 16th midpoint of an 8-bit map), padded to a whole vector.
 struct Table16 {
   HWY_ALIGN float t[kTablePad];
@@ -114,12 +104,12 @@ HWY_INLINE VU fp8_encode(VF y) {
 struct SimdCodec {
   StateCodec c;
   Table16 values, mids;  // 4-bit: the codebook and its midpoints; 8-bit: every 16th midpoint (in mids)
-  const float* gather_values;
 
   bool linear16 = false;  // the map is k/16, k = 1..16 (4-bit v): encode by arithmetic, see encode_block
 
-  SimdCodec(int kind, bool second_moment) : c(host_codec(kind, second_moment)) {
-    gather_values = kind == kStateFp8 ? fp8_table() : c.values;
+  SimdCodec(int kind, bool second_moment) : SimdCodec(host_codec(kind, second_moment)) {}
+  explicit SimdCodec(const StateCodec& codec) : c(codec) {
+    const int kind = c.kind;
     if (kind == kState4Bit) {
       values.fill(c.values, 1);
       mids.fill(c.mids, 1);
@@ -152,8 +142,16 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, VF lo, VF hi, const uint8_t* codes
                               hn::Set(du, 15u));
     return hn::Mul(lookup16(sc.values, lo, hi, hn::BitCast(DI(), code)), scale);
   }
-  const auto code = hn::BitCast(DI(), hn::PromoteTo(du, hn::LoadU(DU8(), codes + i)));
-  return hn::Mul(hn::GatherIndex(df, sc.gather_values, code), scale);
+  const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
+  if (kKind == kStateFp8) {
+    // e4m3's exponent and mantissa bits moved to float's place make 2^-120 times the magnitude, subnormals
+    // included (as float subnormals); the products are exact, so this equals fp8_e4m3_decode
+    const auto mag = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(hn::And(code, hn::Set(du, 0x7fu)))),
+                             hn::Set(df, 0x1p120f));
+    const auto sign = hn::BitCast(df, hn::ShiftLeft<24>(hn::And(code, hn::Set(du, 0x80u))));
+    return hn::Mul(hn::Or(mag, sign), scale);
+  }
+  return hn::Mul(hn::GatherIndex(df, sc.c.values, hn::BitCast(DI(), code)), scale);
 }
 
 // Where decode_vec reads block b of a quantized state: 4-bit codes go through the padded buffer.
@@ -365,6 +363,65 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   return b1;
 }
 
+// lbopt_quantize over whole blocks: as the step's encode, from the caller's floats.
+template <int kKind>
+int64_t quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t b0, int64_t b1) {
+  const SimdCodec sc(codec);
+  const DF df;
+  const int64_t n = int64_t(hn::Lanes(df)), bs = work_block_size(kKind);
+  HWY_ALIGN float buf[kMaxBlock];
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t start = b * bs;
+    auto absmax = hn::Zero(df);
+    for (int64_t i = 0; i < bs; i += n) hn::Store(finite_for_state(hn::LoadU(df, src + start + i), absmax), df, buf + i);
+    encode_block<kKind>(sc, dst, b, start, bs, buf, hn::GetLane(hn::MaxOfLanes(df, absmax)));
+  }
+  return b1;
+}
+
+// lbopt_dequantize over whole blocks: as the step's decode, to the caller's floats.
+template <int kKind>
+int64_t dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int64_t b0, int64_t b1) {
+  const SimdCodec sc(codec);
+  const DF df;
+  const int64_t n = int64_t(hn::Lanes(df)), bs = work_block_size(kKind);
+  HWY_ALIGN uint8_t padded[kMaxBlock / 2 + kMaxLanes];
+  const auto lo = table_lo(sc.values), hi = table_hi(sc.values);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t start = b * bs;
+    const uint8_t* codes = block_codes<kKind>(src, start, bs, padded);
+    const auto scale = hn::Set(df, src.scales[b]);
+    for (int64_t i = 0; i < bs; i += n) hn::StoreU(decode_vec<kKind>(sc, lo, hi, codes, i, scale), df, dst + start + i);
+  }
+  return b1;
+}
+
+int64_t QuantizeFullBlocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t b0,
+                           int64_t b1) {
+  if (codec.kind == kStateFp32) return b0;  // a copy: the portable memcpy
+  const int64_t bs = work_block_size(codec.kind);
+  b1 = b1 < numel / bs ? b1 : numel / bs;
+  if (b1 <= b0) return b0;
+  switch (codec.kind) {
+    case kState4Bit: return quantize_blocks<kState4Bit>(codec, src, dst, b0, b1);
+    case kState8Bit: return quantize_blocks<kState8Bit>(codec, src, dst, b0, b1);
+    default: return quantize_blocks<kStateFp8>(codec, src, dst, b0, b1);
+  }
+}
+
+int64_t DequantizeFullBlocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t b0,
+                             int64_t b1) {
+  if (codec.kind == kStateFp32) return b0;
+  const int64_t bs = work_block_size(codec.kind);
+  b1 = b1 < numel / bs ? b1 : numel / bs;
+  if (b1 <= b0) return b0;
+  switch (codec.kind) {
+    case kState4Bit: return dequantize_blocks<kState4Bit>(codec, src, dst, b0, b1);
+    case kState8Bit: return dequantize_blocks<kState8Bit>(codec, src, dst, b0, b1);
+    default: return dequantize_blocks<kStateFp8>(codec, src, dst, b0, b1);
+  }
+}
+
 int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   const int64_t bs = work_block_size(flags.kind);
   b1 = b1 < slot.numel / bs ? b1 : slot.numel / bs;  // whole blocks only
@@ -380,6 +437,8 @@ int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0,
 #else
 
 int64_t StepFullBlocks(const StepSlot&, const StepFlags&, int64_t b0, int64_t) { return b0; }
+int64_t QuantizeFullBlocks(const StateCodec&, const float*, StateRef, int64_t, int64_t b0, int64_t) { return b0; }
+int64_t DequantizeFullBlocks(const StateCodec&, StateRef, float*, int64_t, int64_t b0, int64_t) { return b0; }
 
 #endif  // LBOPT_EXACT_FMA
 
@@ -393,6 +452,8 @@ HWY_AFTER_NAMESPACE();
 namespace lbopt::cpu {
 
 HWY_EXPORT(StepFullBlocks);
+HWY_EXPORT(QuantizeFullBlocks);
+HWY_EXPORT(DequantizeFullBlocks);
 HWY_EXPORT(TargetName);
 
 namespace {
@@ -406,6 +467,18 @@ bool simd_enabled() {
 int64_t adamw_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
   if (!simd_enabled()) return block_begin;
   return HWY_DYNAMIC_DISPATCH(StepFullBlocks)(slot, flags, block_begin, block_end);
+}
+
+int64_t quantize_blocks_simd(const StateCodec& codec, const float* src, StateRef dst, int64_t numel,
+                             int64_t block_begin, int64_t block_end) {
+  if (!simd_enabled()) return block_begin;
+  return HWY_DYNAMIC_DISPATCH(QuantizeFullBlocks)(codec, src, dst, numel, block_begin, block_end);
+}
+
+int64_t dequantize_blocks_simd(const StateCodec& codec, StateRef src, float* dst, int64_t numel,
+                               int64_t block_begin, int64_t block_end) {
+  if (!simd_enabled()) return block_begin;
+  return HWY_DYNAMIC_DISPATCH(DequantizeFullBlocks)(codec, src, dst, numel, block_begin, block_end);
 }
 
 const char* simd_target() { return simd_enabled() ? HWY_DYNAMIC_DISPATCH(TargetName)() : "portable"; }

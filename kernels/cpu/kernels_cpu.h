@@ -20,6 +20,12 @@ void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_be
 // block they did not do, which the portable kernels then take.
 int64_t adamw_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
 
+// The same for lbopt_quantize / lbopt_dequantize.
+int64_t quantize_blocks_simd(const StateCodec& codec, const float* src, StateRef dst, int64_t numel,
+                             int64_t block_begin, int64_t block_end);
+int64_t dequantize_blocks_simd(const StateCodec& codec, StateRef src, float* dst, int64_t numel,
+                               int64_t block_begin, int64_t block_end);
+
 // The instruction set the SIMD kernels dispatch to here ("AVX3", "AVX2", ...), or "portable".
 const char* simd_target();
 

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
+#include <vector>
 #include <string>
 
 #include "harness.h"
@@ -80,13 +83,62 @@ uint64_t all_cases() {
   return d;
 }
 
+// Quantize inputs at and around every decision point (codebook midpoints, e4m3 rounding ties, the saturation
+// edge) and dequantize every code byte with varied scales; digest of codes, scales and floats.
+uint64_t quantize_cases() {
+  uint64_t d = 0;
+  for (int k = 0; k < 3; ++k)
+    for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
+      const lbopt_state_kind kind = lbopt_state_kind(k);
+      const int64_t bs = k == 0 ? 128 : 256;
+      // the map's values at scale 1: dequantize one block holding every code
+      Buffer all(f32(), {bs});
+      State table(kind, bs);
+      for (int64_t i = 0; i < bs; ++i)
+        static_cast<uint8_t*>(table.codes->t.data)[k == 0 ? i / 2 : i] = uint8_t(k == 0 ? (i % 16) * 17 : i);
+      static_cast<float*>(table.scales->t.data)[0] = 1.0f;
+      REQUIRE(lbopt_dequantize(kind, mo, table.view(), &all.t, nullptr) == LBOPT_OK);
+      std::vector<float> vals(static_cast<float*>(all.t.data), static_cast<float*>(all.t.data) + (k == 0 ? 16 : 256));
+      std::sort(vals.begin(), vals.end());
+      std::vector<float> xs;
+      for (size_t i = 0; i + 1 < vals.size(); ++i) {
+        const float mid = 0.5f * (vals[i] + vals[i + 1]);
+        for (float x = nextafterf(nextafterf(mid, -1e9f), -1e9f), j = 0; j < 5; ++j, x = nextafterf(x, 1e9f))
+          xs.push_back(x);
+      }
+      for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 460.0f, 470.0f}) xs.push_back(x);  // (quantize refuses NaN, Inf)
+      const float anchor = k == 2 ? 448.0f : 1.0f;  // the block scale 1: y = x
+      std::vector<float> in;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const bool second = mo == LBOPT_MOMENT_SECOND;  // a second moment is >= 0
+        if (int64_t(in.size()) % bs == 0) in.push_back(i % 2 && !second ? -anchor : anchor);
+        if (std::fabs(xs[i]) <= anchor && !(second && std::signbit(xs[i]))) in.push_back(xs[i]);
+      }
+      while (int64_t(in.size()) % bs) in.push_back(0.25f);
+      const int64_t n = int64_t(in.size());
+      Buffer src(f32(), {n}), back(f32(), {n});
+      memcpy(src.t.data, in.data(), in.size() * sizeof(float));
+      State st(kind, n);
+      const lbopt_status qs = lbopt_quantize(kind, mo, &src.t, st.view(), nullptr);
+      INFO(std::string(lbopt_last_error()));
+      REQUIRE(qs == LBOPT_OK);
+      d = d * 31 + (hash(*st.codes) ^ 3 * hash(*st.scales));
+      // every code byte under scales of varied magnitude (subnormal products included)
+      for (int64_t i = 0; i < int64_t(st.codes->t.shape[0]); ++i) static_cast<uint8_t*>(st.codes->t.data)[i] = uint8_t(i * 7);
+      for (int64_t b = 0; b < st.scales->t.shape[0]; ++b) static_cast<float*>(st.scales->t.data)[b] = ldexpf(1.3f, int(b % 9) * 17 - 140);
+      REQUIRE(lbopt_dequantize(kind, mo, st.view(), &back.t, nullptr) == LBOPT_OK);
+      d = d * 31 + hash(back);
+    }
+  return d;
+}
+
 }  // namespace
 
 TEST_SUITE("simd") {
   TEST_CASE("every supported instruction set reproduces the portable kernels bit for bit") {
     setenv("LBOPT_CPU_KERNELS", "portable", 1);
     CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"portable\"") != std::string::npos);
-    const uint64_t portable = all_cases();
+    const uint64_t portable = all_cases(), portable_q = quantize_cases();
     unsetenv("LBOPT_CPU_KERNELS");
     const int64_t supported = hwy::SupportedTargets();
     int tried = 0;
@@ -97,6 +149,7 @@ TEST_SUITE("simd") {
       CAPTURE(name);
       CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"" + name + "\"") != std::string::npos);
       CHECK(all_cases() == portable);
+      CHECK(quantize_cases() == portable_q);
       ++tried;
     }
     hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
