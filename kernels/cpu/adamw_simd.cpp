@@ -45,42 +45,50 @@ constexpr int64_t kMaxBlock = 256;
 constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
 constexpr int kTablePad = kMaxLanes > 16 ? kMaxLanes : 16;
 
-// 16 floats (a 4-bit codebook, its midpoints, or every 16th midpoint of an 8-bit map), padded to a whole vector.
+// 16 floats (a 4-bit codebook, or a probe table of search16), padded to a whole vector.
 struct Table16 {
   HWY_ALIGN float t[kTablePad];
-  void fill(const float* src, int stride) {
-    for (int i = 0; i < kTablePad; ++i) t[i] = src[(i < 16 ? i : 15) * stride + stride - 1];
+  // t[c] = src[min(c + offset, 15) * stride + stride - 1]
+  void fill(const float* src, int stride, int offset) {
+    for (int c = 0; c < kTablePad; ++c) t[c] = src[(c + offset < 15 ? c + offset : 15) * stride + stride - 1];
   }
 };
 
-// A Table16 held in registers (lo, and hi for the upper 8 entries where a vector has 8 lanes): kernels load it
-// once per call, so the loops hold no table loads. Plain vectors, not a struct, so that scalable (SVE) vectors
-// compile too.
-HWY_INLINE VF table_lo(const Table16& tab) { return hn::Load(DF(), tab.t); }
-HWY_INLINE VF table_hi(const Table16& tab) { return hn::Lanes(DF()) == 8 ? hn::Load(DF(), tab.t + 8) : table_lo(tab); }
-
 // tab[index]: one register permute where a vector holds 16 floats (AVX-512), two and a select where it holds 8
-// (AVX2), a gather on narrower vectors.
-HWY_INLINE VF lookup16(const Table16& tab, VF lo, VF hi, VI index) {
+// (AVX2), a gather on narrower vectors. The table is read as a memory operand of the permute.
+HWY_INLINE VF lookup16(const Table16& tab, VI index) {
   const DF df;
   const DI di;
   const size_t n = hn::Lanes(df);
-  if (n >= 16) return hn::TableLookupLanes(lo, hn::IndicesFromVec(df, index));
+  if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
   if (n == 8) {
     const auto lane = hn::IndicesFromVec(df, hn::And(index, hn::Set(di, 7)));
     const auto high = hn::RebindMask(df, hn::Gt(index, hn::Set(di, 7)));
-    return hn::IfThenElse(high, hn::TableLookupLanes(hi, lane), hn::TableLookupLanes(lo, lane));
+    return hn::IfThenElse(high, hn::TableLookupLanes(hn::Load(df, tab.t + 8), lane),
+                          hn::TableLookupLanes(hn::Load(df, tab.t), lane));
   }
   return hn::GatherIndex(df, tab.t, index);
 }
 
-// codebook_encode's branch-free binary search over 16 sorted midpoints: four lookups instead of 15 compares.
-HWY_INLINE VI search16(const Table16& mids, VF lo, VF hi, VF y) {
+// codebook_encode's branch-free binary search over 16 sorted midpoints (a 4-bit map's, or every 16th of an 8-bit
+// map's): the first probe, mids[7], is the same for every lane; each later step's table is shifted by the step's
+// offset, so that its probe is a single permute of the code found so far.
+struct Search16 {
+  float first;
+  Table16 probe[3];  // steps 4, 2, 1: probe[j][c] = mids[c + (4 >> j) - 1]
+  void fill(const float* mids, int stride) {
+    first = mids[7 * stride + stride - 1];
+    for (int j = 0; j < 3; ++j) probe[j].fill(mids, stride, (4 >> j) - 1);
+  }
+};
+
+HWY_INLINE VI search16(const Search16& s, VF y) {
+  const DF df;
   const DI di;
-  auto code = hn::Zero(di);
-  for (int32_t step = 8; step > 0; step >>= 1) {
-    const auto le = hn::RebindMask(di, hn::Le(lookup16(mids, lo, hi, hn::Add(code, hn::Set(di, step - 1))), y));
-    code = hn::Add(code, hn::IfThenElseZero(le, hn::Set(di, step)));
+  auto code = hn::IfThenElseZero(hn::RebindMask(di, hn::Le(hn::Set(df, s.first), y)), hn::Set(di, 8));
+  for (int j = 0; j < 3; ++j) {
+    const auto le = hn::RebindMask(di, hn::Le(lookup16(s.probe[j], code), y));
+    code = hn::IfThenElse(le, hn::Add(code, hn::Set(di, 4 >> j)), code);
   }
   return code;
 }
@@ -100,24 +108,23 @@ HWY_INLINE VU fp8_encode(VF y) {
   return hn::Or(sign, hn::IfThenElse(is_sub, sub, hn::Min(normal, hn::Set(du, 0x7eu))));
 }
 
-// A state's codec with its 16-entry tables laid out for lookup16.
+// A state's codec with its tables laid out for lookup16 and search16.
 struct SimdCodec {
   StateCodec c;
-  Table16 values, mids;  // 4-bit: the codebook and its midpoints; 8-bit: every 16th midpoint (in mids)
-
+  Table16 values;   // 4-bit: the codebook
+  Search16 search;  // 4-bit: over the midpoints; 8-bit: over every 16th midpoint
   bool linear16 = false;  // the map is k/16, k = 1..16 (4-bit v): encode by arithmetic, see encode_block
 
   SimdCodec(int kind, bool second_moment) : SimdCodec(host_codec(kind, second_moment)) {}
   explicit SimdCodec(const StateCodec& codec) : c(codec) {
-    const int kind = c.kind;
-    if (kind == kState4Bit) {
-      values.fill(c.values, 1);
-      mids.fill(c.mids, 1);
+    if (c.kind == kState4Bit) {
+      values.fill(c.values, 1, 0);
+      search.fill(c.mids, 1);
       linear16 = true;
       for (int k = 0; k < 16; ++k)
         linear16 &= c.values[k] == float(k + 1) / 16.0f && (k == 15 || c.mids[k] == float(2 * k + 3) / 32.0f);
-    } else if (kind == kState8Bit) {
-      mids.fill(c.mids, 16);
+    } else if (c.kind == kState8Bit) {
+      search.fill(c.mids, 16);
     }
   }
 };
@@ -133,14 +140,14 @@ HWY_INLINE VU nibble_shifts() {
 // copied to a padded buffer (a full-width byte load may pass the block's end); each byte is duplicated, widened
 // and shifted. Otherwise the block's own bytes.
 template <int kKind>
-HWY_INLINE VF decode_vec(const SimdCodec& sc, VF lo, VF hi, const uint8_t* codes, int64_t i, VF scale) {
+HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, VF scale) {
   const DF df;
   const DU du;
   if (kKind == kState4Bit) {
     const auto pairs = hn::LoadU(DU8(), codes + i / 2);
     const auto code = hn::And(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)) >> nibble_shifts(),
                               hn::Set(du, 15u));
-    return hn::Mul(lookup16(sc.values, lo, hi, hn::BitCast(DI(), code)), scale);
+    return hn::Mul(lookup16(sc.values, hn::BitCast(DI(), code)), scale);
   }
   const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
   if (kKind == kStateFp8) {
@@ -177,7 +184,6 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
   uint8_t* codes = static_cast<uint8_t*>(st.codes);
   const bool guard_zero = sc.c.guard_zero, linear = sc.linear16;
   const float* mids256 = sc.c.mids;
-  const auto lo = table_lo(sc.mids), hi = table_hi(sc.mids);
   const auto shift = nibble_shifts();
   for (int64_t i = 0; i < bs; i += n) {
     const auto y = hn::Div(hn::Load(df, x + i), vscale);
@@ -190,10 +196,10 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
       const auto t = hn::ConvertTo(di, hn::Floor(hn::MulAdd(hn::Set(df, 16.0f), y, hn::Set(df, -0.5f))));
       code = hn::BitCast(du, hn::Min(hn::Max(t, hn::Zero(di)), hn::Set(di, 15)));
     } else if (kKind == kState4Bit) {
-      code = hn::BitCast(du, search16(sc.mids, lo, hi, y));
+      code = hn::BitCast(du, search16(sc.search, y));
     } else {
       // the first four of the eight steps over 256 midpoints probe only every 16th one; the last four gather
-      auto c8 = hn::ShiftLeft<4>(search16(sc.mids, lo, hi, y));
+      auto c8 = hn::ShiftLeft<4>(search16(sc.search, y));
       for (int32_t step = 8; step > 0; step >>= 1) {
         const auto probe = hn::GatherIndex(df, mids256, hn::Add(c8, hn::Set(di, step - 1)));
         c8 = hn::Add(c8, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(probe, y)), hn::Set(di, step)));
@@ -271,11 +277,26 @@ HWY_INLINE VF fmax_vec(VF a, VF b) {
   return hn::IfThenElse(hn::IsNaN(a), b, hn::IfThenElse(hn::IsNaN(b), a, hn::Max(a, b)));
 }
 
-// Zero the non-finite lanes (finite_or_zero) and fold |x| into a block's absmax.
-HWY_INLINE VF finite_for_state(VF x, VF& absmax) {
-  const auto f = hn::IfThenElseZero(hn::IsFinite(x), x);
-  absmax = hn::Max(absmax, hn::Abs(f));
-  return f;
+// Per-block accumulators of a state for encode_block: |x|, and a probe that turns NaN once an x was Inf or NaN
+// (x * 0 + probe): three cheap operations per vector instead of a finiteness test and a select.
+HWY_INLINE void block_max_add(VF& absmax, VF& probe, VF x) {
+  absmax = hn::Max(absmax, hn::Abs(x));
+  probe = hn::MulAdd(x, hn::Zero(DF()), probe);
+}
+
+// The block's absmax for encode_block, with non-finite values in x zeroed first (finite_or_zero): the rare
+// blocks whose probe fired are rescanned.
+HWY_INLINE float block_absmax(float* x, int64_t bs, VF absmax, VF probe) {
+  const DF df;
+  if (hn::AllFalse(df, hn::IsNaN(probe))) return hn::GetLane(hn::MaxOfLanes(df, absmax));
+  absmax = hn::Zero(df);
+  for (int64_t i = 0; i < bs; i += int64_t(hn::Lanes(df))) {
+    const auto v = hn::Load(df, x + i);
+    const auto f = hn::IfThenElseZero(hn::IsFinite(v), v);
+    hn::Store(f, df, x + i);
+    absmax = hn::Max(absmax, hn::Abs(f));
+  }
+  return hn::GetLane(hn::MaxOfLanes(df, absmax));
 }
 
 template <int kKind>
@@ -297,8 +318,6 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   HWY_ALIGN float mbuf[kMaxBlock], vbuf[kMaxBlock], vmbuf[kMaxBlock];
   HWY_ALIGN uint8_t mbytes[kMaxBlock / 2 + kMaxLanes], vbytes[kMaxBlock / 2 + kMaxLanes],
       vmbytes[kMaxBlock / 2 + kMaxLanes];
-  const auto mval_lo = table_lo(cm.values), mval_hi = table_hi(cm.values);
-  const auto vval_lo = table_lo(cv.values), vval_hi = table_hi(cv.values);
   const auto grad_factor = hn::Set(df, s.grad_factor), decay = hn::Set(df, s.decay_factor), wd = hn::Set(df, s.wd);
   const float w = s.one_minus_beta1;
   const bool lerp_low = w < 0.5f;
@@ -323,7 +342,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         scale_vm = hn::Set(df, svm.scales[b]);
       }
     }
-    auto max_m = hn::Zero(df), max_v = hn::Zero(df), max_vm = hn::Zero(df);
+    auto max_m = hn::Zero(df), max_v = max_m, max_vm = max_m, probe_m = max_m, probe_v = max_m, probe_vm = max_m;
     for (int64_t i = 0; i < bs; i += n) {
       auto p = load_value(pdt, param, start + i);
       auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
@@ -333,15 +352,16 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         p = hn::Mul(p, decay);
       }
       // FP32 states: the caller's memory, any alignment
-      auto mi = kQuantized ? decode_vec<kKind>(cm, mval_lo, mval_hi, cm_b, i, scale_m) : hn::LoadU(df, m + i);
+      auto mi = kQuantized ? decode_vec<kKind>(cm, cm_b, i, scale_m) : hn::LoadU(df, m + i);
       mi = hn::MulAdd(lerp_w, hn::Sub(g, mi), lerp_low ? mi : g);  // torch.lerp, as adamw_element
-      const auto v_old = kQuantized ? decode_vec<kKind>(cv, vval_lo, vval_hi, cv_b, i, scale_v) : hn::LoadU(df, v + i);
+      const auto v_old = kQuantized ? decode_vec<kKind>(cv, cv_b, i, scale_v) : hn::LoadU(df, v + i);
       const auto vi = hn::MulAdd(hn::Mul(omb2, g), g, hn::Mul(v_old, beta2));
       auto used = vi;
       if (amsgrad) {
-        used = fmax_vec(kQuantized ? decode_vec<kKind>(cv, vval_lo, vval_hi, cvm_b, i, scale_vm) : hn::LoadU(df, vm + i),
+        used = fmax_vec(kQuantized ? decode_vec<kKind>(cv, cvm_b, i, scale_vm) : hn::LoadU(df, vm + i),
                         vi);
-        hn::StoreU(kQuantized ? finite_for_state(used, max_vm) : used, df, vm + i);
+        if (kQuantized) block_max_add(max_vm, probe_vm, used);
+        hn::StoreU(used, df, vm + i);
       }
       const auto denom = hn::Add(hn::Div(hn::Sqrt(used), sqrt_bc2), eps);
       p = hn::Add(p, hn::Div(hn::Mul(nss, mi), denom));
@@ -351,13 +371,17 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       } else {
         store_param(pdt, param, start + i, p, nullptr);
       }
-      hn::StoreU(kQuantized ? finite_for_state(mi, max_m) : mi, df, m + i);
-      hn::StoreU(kQuantized ? finite_for_state(vi, max_v) : vi, df, v + i);
+      if (kQuantized) {
+        block_max_add(max_m, probe_m, mi);
+        block_max_add(max_v, probe_v, vi);
+      }
+      hn::StoreU(mi, df, m + i);
+      hn::StoreU(vi, df, v + i);
     }
     if (kQuantized) {
-      encode_block<kKind>(cm, sm, b, start, bs, m, hn::GetLane(hn::MaxOfLanes(df, max_m)));
-      encode_block<kKind>(cv, sv, b, start, bs, v, hn::GetLane(hn::MaxOfLanes(df, max_v)));
-      if (amsgrad) encode_block<kKind>(cv, svm, b, start, bs, vm, hn::GetLane(hn::MaxOfLanes(df, max_vm)));
+      encode_block<kKind>(cm, sm, b, start, bs, m, block_absmax(m, bs, max_m, probe_m));
+      encode_block<kKind>(cv, sv, b, start, bs, v, block_absmax(v, bs, max_v, probe_v));
+      if (amsgrad) encode_block<kKind>(cv, svm, b, start, bs, vm, block_absmax(vm, bs, max_vm, probe_vm));
     }
   }
   return b1;
@@ -372,9 +396,13 @@ int64_t quantize_blocks(const StateCodec& codec, const float* src, StateRef dst,
   HWY_ALIGN float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
-    auto absmax = hn::Zero(df);
-    for (int64_t i = 0; i < bs; i += n) hn::Store(finite_for_state(hn::LoadU(df, src + start + i), absmax), df, buf + i);
-    encode_block<kKind>(sc, dst, b, start, bs, buf, hn::GetLane(hn::MaxOfLanes(df, absmax)));
+    auto absmax = hn::Zero(df), probe = absmax;
+    for (int64_t i = 0; i < bs; i += n) {
+      const auto x = hn::LoadU(df, src + start + i);
+      block_max_add(absmax, probe, x);
+      hn::Store(x, df, buf + i);
+    }
+    encode_block<kKind>(sc, dst, b, start, bs, buf, block_absmax(buf, bs, absmax, probe));
   }
   return b1;
 }
@@ -386,12 +414,11 @@ int64_t dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df)), bs = work_block_size(kKind);
   HWY_ALIGN uint8_t padded[kMaxBlock / 2 + kMaxLanes];
-  const auto lo = table_lo(sc.values), hi = table_hi(sc.values);
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
     const uint8_t* codes = block_codes<kKind>(src, start, bs, padded);
     const auto scale = hn::Set(df, src.scales[b]);
-    for (int64_t i = 0; i < bs; i += n) hn::StoreU(decode_vec<kKind>(sc, lo, hi, codes, i, scale), df, dst + start + i);
+    for (int64_t i = 0; i < bs; i += n) hn::StoreU(decode_vec<kKind>(sc, codes, i, scale), df, dst + start + i);
   }
   return b1;
 }
