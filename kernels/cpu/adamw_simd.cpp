@@ -39,7 +39,6 @@ using DU16 = hn::Rebind<uint16_t, DF>;
 using DF16 = hn::Rebind<hwy::float16_t, DF>;
 using DU8 = hn::Rebind<uint8_t, DF>;
 using DU64 = hn::Repartition<uint64_t, DU>;
-using DU8Pairs = hn::Rebind<uint8_t, DU64>;  // one byte per two floats: a packed pair of 4-bit codes
 
 constexpr int64_t kMaxBlock = 256;
 constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
@@ -184,8 +183,7 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
   uint8_t* codes = static_cast<uint8_t*>(st.codes);
   const bool guard_zero = sc.c.guard_zero, linear = sc.linear16;
   const float* mids256 = sc.c.mids;
-  const auto shift = nibble_shifts();
-  for (int64_t i = 0; i < bs; i += n) {
+  const auto encode = [&](int64_t i) HWY_ATTR {
     const auto y = hn::Div(hn::Load(df, x + i), vscale);
     VU code;
     if (kKind == kStateFp8) {
@@ -210,13 +208,22 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
       const auto lift = hn::And(hn::Eq(code, hn::Zero(du)), hn::RebindMask(du, hn::Gt(y, hn::Zero(df))));
       code = hn::IfThenElse(lift, hn::Set(du, 1u), code);
     }
-    if (kKind == kState4Bit) {  // shift the even lanes, then OR each lane pair into one byte
-      const auto pair = hn::BitCast(DU64(), code << shift);
-      hn::StoreU(hn::TruncateTo(DU8Pairs(), hn::Or(pair, hn::ShiftRight<32>(pair))), DU8Pairs(),
-                 codes + ((start + i) >> 1));
-    } else {
-      hn::StoreU(hn::TruncateTo(DU8(), code), DU8(), codes + start + i);
-    }
+    return code;
+  };
+  if (kKind != kState4Bit) {
+    for (int64_t i = 0; i < bs; i += n) hn::StoreU(hn::TruncateTo(DU8(), encode(i)), DU8(), codes + start + i);
+    return;
+  }
+  // Two vectors of codes make one vector of bytes: shift the even lanes by 4 and OR each lane pair (in its u64)
+  // into the even lane, then keep the even lanes of both.
+  const auto shift = nibble_shifts();
+  const auto pairs = [&](VU code) HWY_ATTR {
+    const auto pair = hn::BitCast(DU64(), code << shift);
+    return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
+  };
+  for (int64_t i = 0; i < bs; i += 2 * n) {
+    const auto bytes = hn::ConcatEven(du, pairs(encode(i + n)), pairs(encode(i)));
+    hn::StoreU(hn::TruncateTo(DU8(), bytes), DU8(), codes + ((start + i) >> 1));
   }
 }
 
