@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Optimizer step time on CPU, lbopt vs peers, same run, with a constant lr and with a cosine lr changed on every
-step; and the per-step Python overhead on a model of many small parameters.
+"""Optimizer step time, lbopt vs peers, same run, with a constant lr and with a cosine lr changed on every step;
+optimizer state bytes per parameter; and the per-step Python overhead on a model of many small parameters.
 
 usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \
-       python3 bench/bench_torch.py [--params 50e6] [--steps 10] [--small 300]
-Prints markdown tables (for docs/benchmarks.md).
+       python3 bench/bench_torch.py [--params 100e6] [--steps 10] [--small 300] [--device cpu|cuda]
+Peers: torch.optim.AdamW(fused=True), torchao AdamW4bit, and on CPU DeepSpeed's DeepSpeedCPUAdam where
+`import deepspeed` works (it JIT-builds its C++ op on first use). Prints markdown tables (for docs/benchmarks.md).
 """
 import argparse
 import math
@@ -72,12 +73,32 @@ def candidates(tensor_lr_for_torchao):
             out["torchao AdamW4bit, tensor lr"] = lambda ps: ao.AdamW4bit(ps, lr=torch.tensor(1e-3, device=DEVICE))
     except ImportError:
         pass
+    if DEVICE == "cpu":
+        try:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            out["DeepSpeed DeepSpeedCPUAdam"] = lambda ps: DeepSpeedCPUAdam(ps, lr=1e-3, adamw_mode=True,
+                                                                             fp32_optimizer_states=True)
+        except ImportError:
+            pass
     return out
+
+
+def state_bytes(opt):
+    """Bytes of optimizer state tensors (a torchao subclass tensor counts its codes and scales)."""
+    total = 0
+    for st in opt.state.values():
+        for v in st.values():
+            if hasattr(v, "codes") and hasattr(v, "scale"):
+                total += v.codes.nbytes + v.scale.nbytes
+            elif torch.is_tensor(v):
+                total += v.nbytes
+    return total
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--params", type=float, default=50e6)
+    ap.add_argument("--params", type=float, default=100e6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", type=int, default=300)
     ap.add_argument("--device", default="cpu")
@@ -89,8 +110,9 @@ def main():
           "kernels\n")
 
     print(f"## Step time on {DEVICE}, {args.params / 1e6:.0f}M fp32 params, median of {args.steps} steps\n")
-    print("| optimizer | constant lr (ms) | cosine lr (ms) | cosine / constant | vs torch fused (constant) |")
-    print("|---|---|---|---|---|")
+    print("| optimizer | constant lr (ms) | cosine lr (ms) | cosine / constant | speed vs torch fused | "
+          "state bytes / param |")
+    print("|---|---|---|---|---|---|")
     rows = {}
     for name, make in candidates(True).items():
         res = {}
@@ -98,12 +120,13 @@ def main():
             ps = make_params(args.params)
             opt = make(ps)
             res[schedule] = time_steps(opt, args.steps, schedule)
+            res["bytes"] = state_bytes(opt) / sum(p.numel() for p in ps)
             del opt, ps
         rows[name] = res
     ref = rows["torch AdamW(fused=True)"]["constant"]
     for name, r in rows.items():
         print(f"| {name} | {r['constant'] * 1e3:.1f} | {r['cosine'] * 1e3:.1f} | {r['cosine'] / r['constant']:.3f} "
-              f"| {ref / r['constant']:.2f}x |")
+              f"| {ref / r['constant']:.2f}x | {r['bytes']:.2f} |", flush=True)
 
     print(f"\n## Per-step overhead, {args.small} params of 64 elements, median of 50 steps\n")
     print("| optimizer | us per step |")
