@@ -240,7 +240,7 @@ HWY_INLINE VF load_value(Dtype dt, const void* p, int64_t i) {
 HWY_INLINE VU random_bits_vec(uint64_t seed, uint64_t step, int64_t e0) {
   const DU64 d64;
   const auto base = hn::Set(d64, seed ^ (step * 0x9E3779B97F4A7C15ull));
-  const auto mix = [&](hn::Vec<DU64> index) {
+  const auto mix = [&](hn::Vec<DU64> index) HWY_ATTR {
     auto z = hn::Add(base, (index + hn::Set(d64, 1)) * hn::Set(d64, 0xD1B54A32D192ED03ull));
     z = hn::Xor(z, hn::ShiftRight<30>(z)) * hn::Set(d64, 0xBF58476D1CE4E5B9ull);
     z = hn::Xor(z, hn::ShiftRight<27>(z)) * hn::Set(d64, 0x94D049BB133111EBull);
