@@ -19,7 +19,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #undef LBOPT_EXACT_FMA  // this file is compiled once per target
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_NEON || \
-    HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2
+    HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2 || HWY_TARGET == HWY_SVE_256 || HWY_TARGET == HWY_SVE2_128
 #define LBOPT_EXACT_FMA 1
 #else
 #define LBOPT_EXACT_FMA 0
@@ -144,7 +144,7 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
   const DU du;
   if (kKind == kState4Bit) {
     const auto pairs = hn::LoadU(DU8(), codes + i / 2);
-    const auto code = hn::And(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)) >> nibble_shifts(),
+    const auto code = hn::And(hn::Shr(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)), nibble_shifts()),
                               hn::Set(du, 15u));
     return hn::Mul(lookup16(sc.values, hn::BitCast(DI(), code)), scale);
   }
@@ -218,7 +218,7 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
   // into the even lane, then keep the even lanes of both.
   const auto shift = nibble_shifts();
   const auto pairs = [&](VU code) HWY_ATTR {
-    const auto pair = hn::BitCast(DU64(), code << shift);
+    const auto pair = hn::BitCast(DU64(), hn::Shl(code, shift));
     return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
   };
   for (int64_t i = 0; i < bs; i += 2 * n) {
@@ -241,9 +241,9 @@ HWY_INLINE VU random_bits_vec(uint64_t seed, uint64_t step, int64_t e0) {
   const DU64 d64;
   const auto base = hn::Set(d64, seed ^ (step * 0x9E3779B97F4A7C15ull));
   const auto mix = [&](hn::Vec<DU64> index) HWY_ATTR {
-    auto z = hn::Add(base, (index + hn::Set(d64, 1)) * hn::Set(d64, 0xD1B54A32D192ED03ull));
-    z = hn::Xor(z, hn::ShiftRight<30>(z)) * hn::Set(d64, 0xBF58476D1CE4E5B9ull);
-    z = hn::Xor(z, hn::ShiftRight<27>(z)) * hn::Set(d64, 0x94D049BB133111EBull);
+    auto z = hn::Add(base, hn::Mul(hn::Add(index, hn::Set(d64, 1)), hn::Set(d64, 0xD1B54A32D192ED03ull)));
+    z = hn::Mul(hn::Xor(z, hn::ShiftRight<30>(z)), hn::Set(d64, 0xBF58476D1CE4E5B9ull));
+    z = hn::Mul(hn::Xor(z, hn::ShiftRight<27>(z)), hn::Set(d64, 0x94D049BB133111EBull));
     return hn::Xor(z, hn::ShiftRight<31>(z));
   };
   const auto lane = hn::Iota(d64, 0);

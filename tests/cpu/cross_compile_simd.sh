@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# No Arm machine is at hand, so the Arm SIMD kernels are at least compiled: kernels/cpu/adamw_simd.cpp for an
+# aarch64 -march with warnings as errors, then the object must hold the step kernels of the four state kinds
+# for each Highway target named. Exit 77 (skip) without clang or the Debian aarch64 cross headers.
+# usage: cross_compile_simd.sh SOURCE_ROOT MARCH TARGET...      e.g. ... armv8.2-a+sve SVE SVE_256
+set -euo pipefail
+root=$1 march=$2
+shift 2
+sysroot=/usr/aarch64-linux-gnu/include
+command -v clang++ >/dev/null && [ -d "$sysroot/c++" ] || { echo "clang++ or $sysroot missing: skipped"; exit 77; }
+cxxdir=$(ls -d "$sysroot"/c++/* | sort -V | tail -1)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/inc" && ln -s /usr/include/hwy "$work/inc/hwy"  # only Highway from the host's headers
+clang++ --target=aarch64-linux-gnu -march="$march" -std=c++17 -O2 -Wall -Wextra -Wpedantic -Werror \
+  -I"$root" -I"$root/abi" -isystem "$work/inc" -isystem "$cxxdir" -isystem "$cxxdir/aarch64-linux-gnu" \
+  -isystem "$sysroot" -c "$root/kernels/cpu/adamw_simd.cpp" -o "$work/simd.o"
+for target in "$@"; do
+  # the step kernel of each kind (step_blocks<0..3>), kilobytes of code each; targets without FMA have none
+  n=$(nm -C "$work/simd.o" | grep -c "N_${target}::step_blocks<[0-3]>(" || true)
+  echo "$march: $n step kernels for $target"
+  [ "$n" -eq 4 ] || { echo "missing SIMD step kernels for $target"; exit 1; }
+done
