@@ -10,6 +10,8 @@
 
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/cpu/kernels_cpu.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -430,42 +432,42 @@ int64_t dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int
   return b1;
 }
 
+// The end of the whole blocks among [b0, b1) of a tensor of numel elements, and f's result on them, f called with
+// the kind as a compile-time constant.
+template <class F>
+HWY_INLINE int64_t on_whole_blocks(int kind, int64_t numel, int64_t b0, int64_t b1, const F& f) {
+  const int64_t whole = numel / work_block_size(kind);
+  b1 = b1 < whole ? b1 : whole;
+  if (b1 <= b0) return b0;
+  switch (kind) {
+    case kState4Bit: return f(std::integral_constant<int, kState4Bit>(), b1);
+    case kState8Bit: return f(std::integral_constant<int, kState8Bit>(), b1);
+    case kStateFp8: return f(std::integral_constant<int, kStateFp8>(), b1);
+    default: return f(std::integral_constant<int, kStateFp32>(), b1);
+  }
+}
+
+int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  return on_whole_blocks(flags.kind, slot.numel, b0, b1, [&](auto kind, int64_t end) HWY_ATTR {
+    return step_blocks<decltype(kind)::value>(slot, flags, b0, end);
+  });
+}
+
+// FP32 "quantization" is a copy: the portable memcpy.
 int64_t QuantizeFullBlocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t b0,
                            int64_t b1) {
-  if (codec.kind == kStateFp32) return b0;  // a copy: the portable memcpy
-  const int64_t bs = work_block_size(codec.kind);
-  b1 = b1 < numel / bs ? b1 : numel / bs;
-  if (b1 <= b0) return b0;
-  switch (codec.kind) {
-    case kState4Bit: return quantize_blocks<kState4Bit>(codec, src, dst, b0, b1);
-    case kState8Bit: return quantize_blocks<kState8Bit>(codec, src, dst, b0, b1);
-    default: return quantize_blocks<kStateFp8>(codec, src, dst, b0, b1);
-  }
+  if (codec.kind == kStateFp32) return b0;
+  return on_whole_blocks(codec.kind, numel, b0, b1, [&](auto kind, int64_t end) HWY_ATTR {
+    return quantize_blocks<decltype(kind)::value>(codec, src, dst, b0, end);
+  });
 }
 
 int64_t DequantizeFullBlocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t b0,
                              int64_t b1) {
   if (codec.kind == kStateFp32) return b0;
-  const int64_t bs = work_block_size(codec.kind);
-  b1 = b1 < numel / bs ? b1 : numel / bs;
-  if (b1 <= b0) return b0;
-  switch (codec.kind) {
-    case kState4Bit: return dequantize_blocks<kState4Bit>(codec, src, dst, b0, b1);
-    case kState8Bit: return dequantize_blocks<kState8Bit>(codec, src, dst, b0, b1);
-    default: return dequantize_blocks<kStateFp8>(codec, src, dst, b0, b1);
-  }
-}
-
-int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
-  const int64_t bs = work_block_size(flags.kind);
-  b1 = b1 < slot.numel / bs ? b1 : slot.numel / bs;  // whole blocks only
-  if (b1 <= b0) return b0;
-  switch (flags.kind) {
-    case kState4Bit: return step_blocks<kState4Bit>(slot, flags, b0, b1);
-    case kState8Bit: return step_blocks<kState8Bit>(slot, flags, b0, b1);
-    case kStateFp8: return step_blocks<kStateFp8>(slot, flags, b0, b1);
-    default: return step_blocks<kStateFp32>(slot, flags, b0, b1);
-  }
+  return on_whole_blocks(codec.kind, numel, b0, b1, [&](auto kind, int64_t end) HWY_ATTR {
+    return dequantize_blocks<decltype(kind)::value>(codec, src, dst, b0, end);
+  });
 }
 
 #else
