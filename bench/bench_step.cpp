@@ -1,6 +1,7 @@
 // CPU step throughput against a memory copy of the same footprint, measured in the same run.
 // usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16]
-//                   [--reps 5] [--csv FILE]          (threads 0 = all; sizes take K/M suffixes)
+//                   [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]   (threads 0 = all; sizes take K/M suffixes;
+//                   --isa restricts Highway's runtime dispatch to one instruction set the CPU supports)
 // Per state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s (the bytes
 // of ALGORITHMS.md section 8: param read+write, grad read, both states read+written, scales) and the ratio to
 // the roofline's GB/s (see roofline()), measured with the same footprint and threads; best of reps for all.
@@ -15,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <hwy/targets.h>
 
 #include "lbopt.h"
 
@@ -221,6 +224,16 @@ int main(int argc, char** argv) {
     else if (a == "--params") params = split(argv[i + 1]);
     else if (a == "--reps") reps = atoi(argv[i + 1]);
     else if (a == "--csv") csv = argv[i + 1];
+    else if (a == "--isa") {
+      int64_t target = 0;
+      for (int64_t t = 1; t != 0 && t <= HWY_SCALAR; t <<= 1)
+        if (std::string(hwy::TargetName(t)) == argv[i + 1]) target = t;
+      if (!(target & hwy::SupportedTargets())) {
+        fprintf(stderr, "instruction set %s not supported here\n", argv[i + 1]);
+        return 2;
+      }
+      hwy::SetSupportedTargetsForTest(target);  // lbopt shares libhwy's dispatch state with this process
+    }
     else {
       fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
