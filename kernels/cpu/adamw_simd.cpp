@@ -83,15 +83,10 @@ struct Search16 {
   }
 };
 
-HWY_INLINE VI search16(const Search16& s, VF y) {
-  const DF df;
+// One step of a binary search: code += step where probe <= y.
+HWY_INLINE VI search_step(VI code, VF probe, VF y, int32_t step) {
   const DI di;
-  auto code = hn::IfThenElseZero(hn::RebindMask(di, hn::Le(hn::Set(df, s.first), y)), hn::Set(di, 8));
-  for (int j = 0; j < 3; ++j) {
-    const auto le = hn::RebindMask(di, hn::Le(lookup16(s.probe[j], code), y));
-    code = hn::IfThenElse(le, hn::Add(code, hn::Set(di, 4 >> j)), code);
-  }
-  return code;
+  return hn::IfThenElse(hn::RebindMask(di, hn::Le(probe, y)), hn::Add(code, hn::Set(di, step)), code);
 }
 
 // quant.h's fp8_e4m3_encode for finite y: nearest even, saturating at 448, subnormals in steps of 2^-9.
@@ -171,7 +166,9 @@ HWY_INLINE const uint8_t* block_codes(StateRef st, int64_t start, int64_t bs, ui
   return padded;
 }
 
-// Requantize block b from x (finite values) with the block's absmax.
+// Requantize block b from x (finite values) with the block's absmax. The codebook searches run a step at a time
+// over the whole block: within one vector each step waits on the last (a permute or a gather, then a compare),
+// across vectors nothing does, so a pass per step keeps many vectors in flight (8-bit: 7.0 -> 4.3 ns/elem).
 template <int kKind>
 HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_t start, int64_t bs, const float* x,
                              float absmax) {
@@ -183,48 +180,64 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
   st.scales[b] = scale;
   const auto vscale = hn::Set(df, scale);
   uint8_t* codes = static_cast<uint8_t*>(st.codes);
-  const bool guard_zero = sc.c.guard_zero, linear = sc.linear16;
-  const float* mids256 = sc.c.mids;
-  const auto encode = [&](int64_t i) HWY_ATTR {
-    const auto y = hn::Div(hn::Load(df, x + i), vscale);
-    VU code;
+  const bool search = kKind == kState8Bit || (kKind == kState4Bit && !sc.linear16);
+  HWY_ALIGN float y[kMaxBlock];
+  HWY_ALIGN int32_t code[kMaxBlock];
+  // the scaled values, and the codes that need no search or the search's first step
+  for (int64_t i = 0; i < bs; i += n) {
+    const auto yi = hn::Div(hn::Load(df, x + i), vscale);
+    VI c;
     if (kKind == kStateFp8) {
-      code = fp8_encode(y);
-    } else if (kKind == kState4Bit && linear) {
-      // count of midpoints (2k + 3) / 32 <= y: floor(16 y - 0.5) clamped to 0..15, exact in float because 16 y
-      // is and 16 y - 0.5 is representable wherever the floor can exceed 0
-      const auto t = hn::ConvertTo(di, hn::Floor(hn::MulAdd(hn::Set(df, 16.0f), y, hn::Set(df, -0.5f))));
-      code = hn::BitCast(du, hn::Min(hn::Max(t, hn::Zero(di)), hn::Set(di, 15)));
-    } else if (kKind == kState4Bit) {
-      code = hn::BitCast(du, search16(sc.search, y));
+      c = hn::BitCast(di, fp8_encode(yi));
+    } else if (!search) {
+      // the linear 4-bit v map: the count of midpoints (2k + 3) / 32 <= y is floor(16 y - 0.5) clamped to 0..15,
+      // exact in float because 16 y is and 16 y - 0.5 is representable wherever the floor can exceed 0
+      const auto t = hn::ConvertTo(di, hn::Floor(hn::MulAdd(hn::Set(df, 16.0f), yi, hn::Set(df, -0.5f))));
+      c = hn::Min(hn::Max(t, hn::Zero(di)), hn::Set(di, 15));
     } else {
-      // the first four of the eight steps over 256 midpoints probe only every 16th one; the last four gather
-      auto c8 = hn::ShiftLeft<4>(search16(sc.search, y));
-      for (int32_t step = 8; step > 0; step >>= 1) {
-        const auto probe = hn::GatherIndex(df, mids256, hn::Add(c8, hn::Set(di, step - 1)));
-        c8 = hn::Add(c8, hn::IfThenElseZero(hn::RebindMask(di, hn::Le(probe, y)), hn::Set(di, step)));
+      c = search_step(hn::Zero(di), hn::Set(df, sc.search.first), yi, 8);
+    }
+    hn::Store(yi, df, y + i);
+    hn::Store(c, di, code + i);
+  }
+  if (search) {
+    for (int j = 0; j < 3; ++j)
+      for (int64_t i = 0; i < bs; i += n) {
+        const auto c = hn::Load(di, code + i);
+        hn::Store(search_step(c, lookup16(sc.search.probe[j], c), hn::Load(df, y + i), 4 >> j), di, code + i);
       }
-      code = hn::BitCast(du, c8);
-    }
-    if (kKind != kState4Bit && guard_zero) {  // the 4-bit maps have no zero code to guard
-      const auto lift = hn::And(hn::Eq(code, hn::Zero(du)), hn::RebindMask(du, hn::Gt(y, hn::Zero(df))));
-      code = hn::IfThenElse(lift, hn::Set(du, 1u), code);
-    }
-    return code;
-  };
+  }
+  if (kKind == kState8Bit) {
+    // the first four of the eight steps over 256 midpoints probed every 16th one; the last four gather
+    for (int32_t step = 8; step > 0; step >>= 1)
+      for (int64_t i = 0; i < bs; i += n) {
+        auto c = hn::Load(di, code + i);
+        if (step == 8) c = hn::ShiftLeft<4>(c);
+        const auto probe = hn::GatherIndex(df, sc.c.mids, hn::Add(c, hn::Set(di, step - 1)));
+        hn::Store(search_step(c, probe, hn::Load(df, y + i), step), di, code + i);
+      }
+  }
   if (kKind != kState4Bit) {
-    for (int64_t i = 0; i < bs; i += n) hn::StoreU(hn::TruncateTo(DU8(), encode(i)), DU8(), codes + start + i);
+    const bool guard_zero = sc.c.guard_zero;  // (the 4-bit maps have no zero code to guard)
+    for (int64_t i = 0; i < bs; i += n) {
+      auto c = hn::BitCast(du, hn::Load(di, code + i));
+      if (guard_zero) {
+        const auto lift = hn::And(hn::Eq(c, hn::Zero(du)), hn::RebindMask(du, hn::Gt(hn::Load(df, y + i), hn::Zero(df))));
+        c = hn::IfThenElse(lift, hn::Set(du, 1u), c);
+      }
+      hn::StoreU(hn::TruncateTo(DU8(), c), DU8(), codes + start + i);
+    }
     return;
   }
   // Two vectors of codes make one vector of bytes: shift the even lanes by 4 and OR each lane pair (in its u64)
   // into the even lane, then keep the even lanes of both.
   const auto shift = nibble_shifts();
-  const auto pairs = [&](VU code) HWY_ATTR {
-    const auto pair = hn::BitCast(DU64(), hn::Shl(code, shift));
+  const auto pairs = [&](int64_t i) HWY_ATTR {
+    const auto pair = hn::BitCast(DU64(), hn::Shl(hn::BitCast(du, hn::Load(di, code + i)), shift));
     return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
   };
   for (int64_t i = 0; i < bs; i += 2 * n) {
-    const auto bytes = hn::ConcatEven(du, pairs(encode(i + n)), pairs(encode(i)));
+    const auto bytes = hn::ConcatEven(du, pairs(i + n), pairs(i));
     hn::StoreU(hn::TruncateTo(DU8(), bytes), DU8(), codes + ((start + i) >> 1));
   }
 }
