@@ -3,7 +3,7 @@
 optimizer state bytes per parameter; and the per-step Python overhead on a model of many small parameters.
 
 usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \
-       python3 bench/bench_torch.py [--params 100e6] [--steps 10] [--rounds 3] [--small 300]
+       python3 bench/bench_torch.py [--params 100e6] [--steps 10] [--small 300]
        [--device cpu|cuda]
 Peers: torch.optim.AdamW(fused=True), torchao AdamW4bit, and on CPU DeepSpeed's DeepSpeedCPUAdam where
 `import deepspeed` works (it JIT-builds its C++ op on first use). Prints markdown tables (for docs/benchmarks.md).
@@ -59,7 +59,7 @@ def time_steps(opt, steps, schedule):
     return statistics.median(times)
 
 
-def candidates(tensor_lr_for_torchao):
+def candidates():
     out = {
         "lbopt AdamW4bit": lambda ps: lt.AdamW4bit(ps, lr=1e-3),
         "lbopt AdamW8bit": lambda ps: lt.AdamW8bit(ps, lr=1e-3),
@@ -70,8 +70,7 @@ def candidates(tensor_lr_for_torchao):
         import torchao.optim as ao
 
         out["torchao AdamW4bit, float lr"] = lambda ps: ao.AdamW4bit(ps, lr=1e-3)
-        if tensor_lr_for_torchao:
-            out["torchao AdamW4bit, tensor lr"] = lambda ps: ao.AdamW4bit(ps, lr=torch.tensor(1e-3, device=DEVICE))
+        out["torchao AdamW4bit, tensor lr"] = lambda ps: ao.AdamW4bit(ps, lr=torch.tensor(1e-3, device=DEVICE))
     except ImportError:
         pass
     if DEVICE == "cpu":
@@ -97,12 +96,40 @@ def state_bytes(opt):
     return total
 
 
+def round_robin(makers, args):
+    """Every candidate holds its own params and states at once and they step in turn, a step each: a shared VM's
+    slow phases then fall on all of them alike. Per candidate and schedule, the median step time."""
+    opts = {}
+    for name, make in makers.items():
+        ps = make_params(args.params)
+        opts[name] = (make(ps), ps)
+    rows = {name: {} for name in opts}
+    for schedule in ("constant", "cosine"):
+        times = {name: [] for name in opts}
+        for s in range(args.steps + 2):  # two warm-up steps each
+            lr = cosine(s, args.steps) if schedule == "cosine" else 1e-3
+            for name, (opt, _) in opts.items():
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                sync()
+                t0 = time.perf_counter()
+                opt.step()
+                sync()
+                if s >= 2:
+                    times[name].append(time.perf_counter() - t0)
+        for name in opts:
+            rows[name][schedule] = statistics.median(times[name])
+    for name in opts:  # state bytes once the states exist
+        opt, ps = opts[name]
+        rows[name]["bytes"] = state_bytes(opt) / sum(p.numel() for p in ps)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=100e6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     global DEVICE
@@ -111,21 +138,20 @@ def main():
           f"{torch.get_num_threads()}, lbopt {lbopt.get_num_threads()}; {lbopt.build_info()['cpu_kernels']} CPU "
           "kernels\n")
 
-    print(f"## Step time on {DEVICE}, {args.params / 1e6:.0f}M fp32 params, median of {args.steps} steps, best of "
-          f"{args.rounds} rounds\n")
+    print(f"## Step time on {DEVICE}, {args.params / 1e6:.0f}M fp32 params, median of {args.steps} steps per "
+          "schedule, the candidates stepping in turn\n")
     print("| optimizer | constant lr (ms) | cosine lr (ms) | cosine / constant | speed vs torch fused | "
           "state bytes / param |")
     print("|---|---|---|---|---|---|")
-    # Rounds interleave the candidates, and each keeps its best median: a shared VM's slow phases then hit no
-    # candidate in particular.
-    rows = {}
-    for _ in range(args.rounds):
-        for name, make in candidates(True).items():
-            res = rows.setdefault(name, {"constant": math.inf, "cosine": math.inf})
+    rows = round_robin({n: m for n, m in candidates().items() if not n.startswith("torchao")}, args)
+    # torchao's compiled step is tens of times slower: timed on its own (the VM's noise cannot change that ratio)
+    for name, make in candidates().items():
+        if name.startswith("torchao"):
+            res = rows[name] = {}
             for schedule in ("constant", "cosine"):
                 ps = make_params(args.params)
                 opt = make(ps)
-                res[schedule] = min(res[schedule], time_steps(opt, args.steps, schedule))
+                res[schedule] = time_steps(opt, max(2, args.steps // 4), schedule)
                 res["bytes"] = state_bytes(opt) / sum(p.numel() for p in ps)
                 del opt, ps
     ref = rows["torch AdamW(fused=True)"]["constant"]
