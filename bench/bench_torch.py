@@ -40,22 +40,27 @@ def cosine(step, total, peak=1e-3):
     return peak * 0.5 * (1 + math.cos(math.pi * step / total))
 
 
+def timed_step(opt, lr):
+    """Seconds of one optimizer step after setting the lr (a float, or a tensor lr with fill_)."""
+    for g in opt.param_groups:
+        if torch.is_tensor(g["lr"]):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+    sync()
+    t0 = time.perf_counter()
+    opt.step()
+    sync()
+    return time.perf_counter() - t0
+
+
 def time_steps(opt, steps, schedule):
-    """Median seconds of one optimizer step; the lr is set before each step (float or tensor fill_)."""
+    """Median seconds of one optimizer step; the lr is set before each step."""
     times = []
     for s in range(steps + 2):  # two warm-up steps (torch.compile, thread pool, first-touch of states)
-        lr = cosine(s, steps) if schedule == "cosine" else 1e-3
-        for g in opt.param_groups:
-            if torch.is_tensor(g["lr"]):
-                g["lr"].fill_(lr)
-            else:
-                g["lr"] = lr
-        sync()
-        t0 = time.perf_counter()
-        opt.step()
-        sync()
+        t = timed_step(opt, cosine(s, steps) if schedule == "cosine" else 1e-3)
         if s >= 2:
-            times.append(time.perf_counter() - t0)
+            times.append(t)
     return statistics.median(times)
 
 
@@ -109,14 +114,9 @@ def round_robin(makers, args):
         for s in range(args.steps + 2):  # two warm-up steps each
             lr = cosine(s, args.steps) if schedule == "cosine" else 1e-3
             for name, (opt, _) in opts.items():
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                sync()
-                t0 = time.perf_counter()
-                opt.step()
-                sync()
+                t = timed_step(opt, lr)
                 if s >= 2:
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].append(t)
         for name in opts:
             rows[name][schedule] = statistics.median(times[name])
     for name in opts:  # state bytes once the states exist
