@@ -338,8 +338,9 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
   HWY_ALIGN float mbuf[kMaxBlock], vbuf[kMaxBlock], vmbuf[kMaxBlock];
-  HWY_ALIGN uint8_t mbytes[kMaxBlock / 2 + kMaxLanes], vbytes[kMaxBlock / 2 + kMaxLanes],
-      vmbytes[kMaxBlock / 2 + kMaxLanes];
+  // zeroed once: a 4-bit decode loads a full vector of bytes and uses the lower half, the rest is padding
+  HWY_ALIGN uint8_t mbytes[kMaxBlock / 2 + kMaxLanes] = {}, vbytes[kMaxBlock / 2 + kMaxLanes] = {},
+                    vmbytes[kMaxBlock / 2 + kMaxLanes] = {};
   const auto grad_factor = hn::Set(df, s.grad_factor), decay = hn::Set(df, s.decay_factor), wd = hn::Set(df, s.wd);
   const float w = s.one_minus_beta1;
   const bool lerp_low = w < 0.5f;
@@ -435,7 +436,7 @@ int64_t dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int
   const SimdCodec sc(codec);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df)), bs = work_block_size(kKind);
-  HWY_ALIGN uint8_t padded[kMaxBlock / 2 + kMaxLanes];
+  HWY_ALIGN uint8_t padded[kMaxBlock / 2 + kMaxLanes] = {};
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
     const uint8_t* codes = block_codes<kKind>(src, start, bs, padded);
