@@ -4,33 +4,11 @@
 
 #include <math.h>
 
-#include <random>
 #include <string>
 
 #include "harness.h"
 
 using namespace test;
-
-namespace {
-
-struct Pair {
-  Buffer p, g;
-  State m, v;
-  explicit Pair(int64_t n) : p(bf16(), {n}), g(f32(), {n}), m(LBOPT_STATE_4BIT, n), v(LBOPT_STATE_4BIT, n) {
-    std::mt19937_64 rng(5);
-    std::normal_distribution<double> nd;
-    for (int64_t i = 0; i < n; ++i) {
-      store(ref::kBF16, p.t.data, i, ref::to_dtype(ref::kBF16, nd(rng)));
-      g.as<float>()[i] = float(0.01 * nd(rng));
-    }
-    lbopt_state_init(LBOPT_STATE_4BIT, n, m.view(), nullptr);
-    lbopt_state_init(LBOPT_STATE_4BIT, n, v.view(), nullptr);
-  }
-  lbopt_adamw_slot slot(int64_t step) { return {sizeof(lbopt_adamw_slot), &p.t, &g.t, m.view(), v.view(), {}, step}; }
-  uint64_t digest() const { return hash(p) ^ 3 * hash(*m.codes) ^ 5 * hash(*v.codes) ^ 7 * hash(*m.scales); }
-};
-
-}  // namespace
 
 TEST_SUITE("capturable step") {
   TEST_CASE("device-scalar lr and step equal the by-value step bit for bit") {
@@ -41,7 +19,7 @@ TEST_SUITE("capturable step") {
       for (bool step64 : {false, true}) {
         CAPTURE(lr64);
         CAPTURE(step64);
-        Pair a(3001), b(3001);
+        StepTensors a(LBOPT_STATE_4BIT, 3001, 5), b(LBOPT_STATE_4BIT, 3001, 5);
         Buffer lr(lr64 ? DLDataType{kDLFloat, 64, 1} : f32(), {1}), step(step64 ? DLDataType{kDLInt, 64, 1} : f32(), {1});
         for (int64_t s = 1; s <= 5; ++s) {
           const double value = 1e-3 * (1 + cos(double(s)));  // a new lr on every step, written into the scalar
@@ -62,7 +40,7 @@ TEST_SUITE("capturable step") {
   TEST_CASE("bad scalars are refused with a message naming them, and nothing is written") {
     lbopt_adamw_config cfg;
     lbopt_adamw_config_init(&cfg, sizeof cfg);
-    Pair a(500);
+    StepTensors a(LBOPT_STATE_4BIT, 500, 5);
     Buffer lr(f32(), {1}), lr2(f32(), {2}), lr_int(DLDataType{kDLInt, 32, 1}, {1}), step(DLDataType{kDLInt, 64, 1}, {1});
     lr.as<float>()[0] = 1e-3f;
     step.as<int64_t>()[0] = 1;

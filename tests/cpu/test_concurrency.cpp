@@ -2,7 +2,6 @@
 // made one after another, and each thread keeps its own lbopt_last_error().
 #include <doctest/doctest.h>
 
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,31 +12,18 @@ using namespace test;
 
 namespace {
 
-struct Set {
-  lbopt_state_kind kind;
-  Buffer p, g;
-  State m, v;
-  Set(lbopt_state_kind k, int64_t n, uint64_t seed) : kind(k), p(bf16(), {n}), g(f32(), {n}), m(k, n), v(k, n) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<double> nd;
-    for (int64_t i = 0; i < n; ++i) {
-      store(ref::kBF16, p.t.data, i, ref::to_dtype(ref::kBF16, nd(rng)));
-      g.as<float>()[i] = float(0.01 * nd(rng));
-    }
-    lbopt_state_init(k, n, m.view(), nullptr);
-    lbopt_state_init(k, n, v.view(), nullptr);
-  }
+struct Set : StepTensors {
+  using StepTensors::StepTensors;
   void train(int steps) {
     lbopt_adamw_config cfg;
     lbopt_adamw_config_init(&cfg, sizeof cfg);
     cfg.state_kind = kind;
     cfg.flags = LBOPT_FLAG_BF16_STOCHASTIC_ROUND;
     for (int s = 1; s <= steps; ++s) {
-      const lbopt_adamw_slot slot{sizeof slot, &p.t, &g.t, m.view(), v.view(), {}, s};
-      REQUIRE(lbopt_adamw_step(&cfg, 1e-3 * (1 + s % 3), &slot, 1, nullptr) == LBOPT_OK);
+      const lbopt_adamw_slot sl = slot(s);
+      REQUIRE(lbopt_adamw_step(&cfg, 1e-3 * (1 + s % 3), &sl, 1, nullptr) == LBOPT_OK);
     }
   }
-  uint64_t digest() const { return hash(p) ^ 3 * hash(*m.codes) ^ 5 * hash(*v.codes); }
 };
 
 std::vector<std::unique_ptr<Set>> make_sets() {

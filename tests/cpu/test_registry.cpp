@@ -2,7 +2,6 @@
 // and a bad invoke fails with its specific status, names what is wrong and writes nothing.
 #include <doctest/doctest.h>
 
-#include <random>
 #include <set>
 #include <string>
 
@@ -17,23 +16,8 @@ lbopt_attr i64(const char* n, int64_t v) { return lbopt_attr{n, LBOPT_ATTR_INT64
 lbopt_attr b(const char* n, bool v) { return lbopt_attr{n, LBOPT_ATTR_BOOL, 0.0, v ? 1 : 0, nullptr}; }
 lbopt_attr str(const char* n, const char* v) { return lbopt_attr{n, LBOPT_ATTR_STRING, 0.0, 0, v}; }
 
-struct Model {
-  lbopt_state_kind kind;
-  Buffer p, g;
-  State m, v, vmax;
-  Model(lbopt_state_kind k, int64_t n) : kind(k), p(bf16(), {n}), g(f32(), {n}), m(k, n), v(k, n), vmax(k, n) {
-    std::mt19937_64 rng(21);
-    std::normal_distribution<double> nd;
-    for (int64_t i = 0; i < n; ++i) {
-      store(ref::kBF16, p.t.data, i, ref::to_dtype(ref::kBF16, nd(rng)));
-      g.as<float>()[i] = float(0.01 * nd(rng));
-    }
-    for (State* s : {&m, &v, &vmax}) lbopt_state_init(k, n, s->view(), nullptr);
-  }
-  uint64_t digest() const {
-    return hash(p) ^ 3 * hash(*m.codes) ^ 5 * hash(*v.codes) ^ 7 * hash(*vmax.codes) ^
-           (m.scales ? 11 * hash(*m.scales) ^ 13 * hash(*v.scales) : 0);
-  }
+struct Model : StepTensors {
+  Model(lbopt_state_kind k, int64_t n) : StepTensors(k, n, 21) {}
   std::vector<const DLTensor*> tensors(bool ams) {
     const auto sc = [](State& s) -> const DLTensor* { return s.scales ? &s.scales->t : nullptr; };
     return {&p.t, &g.t, &m.codes->t, sc(m), &v.codes->t, sc(v), ams ? &vmax.codes->t : nullptr,
@@ -81,7 +65,7 @@ TEST_SUITE("operator registry") {
       REQUIRE(op);
       for (int64_t s = 1; s <= 3; ++s) {
         const double lr = 1e-3 * double(s);
-        const lbopt_adamw_slot slot{sizeof slot, &a.p.t, &a.g.t, a.m.view(), a.v.view(), a.vmax.view(), s};
+        const lbopt_adamw_slot slot = a.slot(s, true);
         REQUIRE(lbopt_adamw_step(&cfg, lr, &slot, 1, nullptr) == LBOPT_OK);
         const lbopt_attr attrs[] = {f("lr", lr), i64("step", s), b("amsgrad", true), b("bf16_stochastic_round", true),
                                     i64("seed", 9), f("beta2", 0.99)};

@@ -39,6 +39,33 @@ inline void store(ref::Dtype d, void* data, int64_t i, double x) {
   }
 }
 
+// A bfloat16 param ~ N(0, 1) and its float32 grad ~ N(0, 0.01^2), with fresh states of one kind (vmax too): the
+// starting point of the step tests that compare two ways of running the same steps.
+struct StepTensors {
+  lbopt_state_kind kind;
+  Buffer p, g;
+  State m, v, vmax;
+  StepTensors(lbopt_state_kind k, int64_t n, uint64_t seed)
+      : kind(k), p(bf16(), {n}), g(f32(), {n}), m(k, n), v(k, n), vmax(k, n) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> nd;
+    for (int64_t i = 0; i < n; ++i) {
+      store(ref::kBF16, p.t.data, i, ref::to_dtype(ref::kBF16, nd(rng)));
+      g.as<float>()[i] = float(0.01 * nd(rng));
+    }
+    for (State* s : {&m, &v, &vmax}) lbopt_state_init(k, n, s->view(), nullptr);
+  }
+  lbopt_adamw_slot slot(int64_t step, bool amsgrad = false) {
+    return {sizeof(lbopt_adamw_slot), &p.t, &g.t, m.view(), v.view(), amsgrad ? vmax.view() : lbopt_state{}, step};
+  }
+  // The params and every code and scale.
+  uint64_t digest() const {
+    uint64_t d = hash(p) ^ 3 * hash(*m.codes) ^ 5 * hash(*v.codes) ^ 7 * hash(*vmax.codes);
+    if (m.scales) d ^= 11 * hash(*m.scales) ^ 13 * hash(*v.scales) ^ 17 * hash(*vmax.scales);
+    return d;
+  }
+};
+
 inline double bf16_value(const Buffer& b, int64_t i) { return ref::load(ref::kBF16, b.t.data, i); }
 
 inline int get_code(lbopt_state_kind kind, const Buffer& codes, int64_t i) {
