@@ -19,7 +19,7 @@
 /* ABI version. The major is the SONAME (liblbopt.so.<major>); symbols are never removed or changed within a
  * major, new ones are added in new version-script nodes. meson.build reads these macros. */
 #define LBOPT_VERSION_MAJOR 0
-#define LBOPT_VERSION_MINOR 1
+#define LBOPT_VERSION_MINOR 2
 #define LBOPT_VERSION_PATCH 0
 #define LBOPT_MAKE_VERSION(major, minor, patch) \
   ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor) << 8) | (uint32_t)(patch)))
@@ -49,7 +49,7 @@ typedef enum lbopt_status {
   LBOPT_ERR_DTYPE = 4,            /* unsupported dtype, or dtypes that must agree do not */
   LBOPT_ERR_DEVICE = 5,           /* tensors of one call on different devices, or a device type not accepted */
   LBOPT_ERR_SHAPE = 6,            /* shapes or element counts that must agree do not, or a negative dim */
-  LBOPT_ERR_STRIDE = 7,           /* strides that are not compact row-major */
+  LBOPT_ERR_STRIDE = 7,           /* strides of no dense layout, or a grad laid out unlike its param */
   LBOPT_ERR_ALIGNMENT = 8,        /* data + byte_offset not aligned to the element size */
   LBOPT_ERR_BUFFER_SIZE = 9,      /* codes or scales buffer of the wrong size for the state kind and numel */
   LBOPT_ERR_OVERLAP = 10,         /* a buffer that is written overlaps another buffer of the call */
@@ -115,8 +115,8 @@ typedef struct lbopt_layout {
  * written past its end, and fields the library does not know are zeroed. */
 LBOPT_API lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out, size_t out_size);
 
-/* One optimizer state: codes plus (for quantized kinds) float32 scales. Both are compact tensors of exactly
- * the sizes lbopt_state_layout gives; their shapes are free. */
+/* One optimizer state: codes plus (for quantized kinds) float32 scales. Both are dense tensors of exactly
+ * the sizes lbopt_state_layout gives, read in memory order; their shapes are free. */
 typedef struct lbopt_state {
   const DLTensor* codes;
   const DLTensor* scales; /* NULL for LBOPT_STATE_FP32 */
@@ -126,7 +126,7 @@ typedef struct lbopt_state {
  * stream: a cudaStream_t for CUDA tensors, ignored on CPU. */
 LBOPT_API lbopt_status lbopt_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream);
 
-/* Quantize a float32 tensor into a state, and back. For checkpoints, inspection, conversion from or to a
+/* Quantize a float32 tensor (any dense layout, read or written in memory order) into a state, and back. For checkpoints, inspection, conversion from or to a
  * torch.optim.AdamW state, or moving between bit widths. quantize refuses NaN/Inf (LBOPT_ERR_NONFINITE) and,
  * for LBOPT_MOMENT_SECOND, negative values (LBOPT_ERR_INVALID_VALUE), before writing anything. */
 LBOPT_API lbopt_status lbopt_quantize(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* src,
@@ -153,7 +153,7 @@ typedef struct lbopt_adamw_config {
   lbopt_state_kind state_kind; /* default LBOPT_STATE_4BIT */
   double beta1;               /* [0, 1), default 0.9 */
   double beta2;               /* [0, 1), default 0.999 */
-  double eps;                 /* > 0, default 1e-8 */
+  double eps;                 /* finite, >= 0, default 1e-8 (0 as torch: 0/0 where v = 0) */
   double weight_decay;        /* >= 0, default 0.01 */
   uint32_t flags;             /* LBOPT_FLAG_*, default 0 (AdamW) */
   uint64_t seed;              /* stochastic rounding key, default 0 */
@@ -163,8 +163,10 @@ typedef struct lbopt_adamw_config {
 LBOPT_API lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_size);
 
 /* One parameter tensor and its states. Params and grads are float32, bfloat16 or float16 (the grad dtype may
- * differ from the param dtype) with identical shapes. The step count is the one this step makes (1 on the
- * first call); bias corrections are derived from it in double precision. */
+ * differ from the param dtype) with identical shapes and identical strides. Any dense layout is accepted (the
+ * strides of a compact tensor in some dimension order: row-major, channels_last, transposed); the step runs over
+ * memory in order, so element k of a state belongs to the param element at memory position k. The step count is
+ * the one this step makes (1 on the first call); bias corrections are derived from it in double precision. */
 typedef struct lbopt_adamw_slot {
   uint32_t struct_size;  /* sizeof(lbopt_adamw_slot); the same in every slot of a call */
   const DLTensor* param; /* read and written */
@@ -194,6 +196,15 @@ LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options, size
  * live on one device. The whole call is validated before the first byte is written. */
 LBOPT_API lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                                         size_t n_slots, const lbopt_step_options* options);
+
+/* Every check lbopt_adamw_step makes on the same arguments, and nothing else: no buffer is read beyond host
+ * scalars (grad_scale) and none is written. LBOPT_OK means that lbopt_adamw_step would accept the call; on host
+ * tensors it then cannot fail, on CUDA only a CUDA runtime error can. A caller that splits one logical step into
+ * several calls (param groups with their own hyper-parameters, several state kinds) validates them all first,
+ * so that a refused step leaves everything untouched. Since 0.2. */
+LBOPT_API lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* config, double lr,
+                                                 const lbopt_adamw_slot* slots, size_t n_slots,
+                                                 const lbopt_step_options* options);
 
 /* The same step with lr and the step count read from scalars on the step's device at run time, not passed by
  * value: a CUDA graph captured once replays with whatever lr and step the caller wrote there (graphs freeze

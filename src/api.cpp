@@ -119,6 +119,14 @@ lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const
   });
 }
 
+lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
+                                       size_t n_slots, const lbopt_step_options* options) {
+  return guarded([&] {
+    thread_local StepPlan plan;
+    return validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, &plan);
+  });
+}
+
 lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const DLTensor* lr, const DLTensor* step,
                                          const lbopt_adamw_slot* slots, size_t n_slots,
                                          const lbopt_step_options* options) {

@@ -49,24 +49,7 @@ struct StepRun {
 
 lbopt_status cpu_adamw_step(StepPlan& plan) {
   const size_t n = plan.slots.size();
-  if (plan.lr_scalar) {  // the capturable variant: the scalars are host memory here
-    plan.lr = plan.lr_is_double ? *static_cast<const double*>(plan.lr_scalar)
-                                : double(*static_cast<const float*>(plan.lr_scalar));
-    const double step = plan.step_is_int64 ? double(*static_cast<const int64_t*>(plan.step_scalar))
-                                           : double(*static_cast<const float*>(plan.step_scalar));
-    if (!(plan.lr >= 0.0 && isfinite(plan.lr)))
-      return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", plan.lr);
-    if (!(step >= 1.0 && step < 9.2e18 && step == floor(step)))
-      return fail(LBOPT_ERR_INVALID_VALUE, "step = %g must be a whole number >= 1", step);
-    for (StepSlot& slot : plan.slots) slot.step = int64_t(step);
-  }
-  double grad_scale = 1.0;
-  if (plan.grad_scale) {
-    grad_scale = *plan.grad_scale;
-    if (!(grad_scale > 0.0 && isfinite(grad_scale) && isfinite(float(1.0 / grad_scale))))
-      return fail(LBOPT_ERR_INVALID_VALUE, "options.grad_scale = %g must be finite and > 0 with a finite float "
-                  "reciprocal", grad_scale);
-  }
+  const double grad_scale = plan.grad_scale ? double(*plan.grad_scale) : 1.0;  // checked by validation
   if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
     if (plan.skipped) memset(plan.skipped, 1, n);
     return LBOPT_OK;

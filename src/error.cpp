@@ -32,7 +32,7 @@ extern "C" const char* lbopt_status_string(lbopt_status status) {
     case LBOPT_ERR_DTYPE: return "LBOPT_ERR_DTYPE: unsupported or mismatched dtype";
     case LBOPT_ERR_DEVICE: return "LBOPT_ERR_DEVICE: unsupported device or tensors on different devices";
     case LBOPT_ERR_SHAPE: return "LBOPT_ERR_SHAPE: shape or element count mismatch";
-    case LBOPT_ERR_STRIDE: return "LBOPT_ERR_STRIDE: strides are not compact row-major";
+    case LBOPT_ERR_STRIDE: return "LBOPT_ERR_STRIDE: strides of no dense layout, or unlike the param's";
     case LBOPT_ERR_ALIGNMENT: return "LBOPT_ERR_ALIGNMENT: data is not aligned to its element size";
     case LBOPT_ERR_BUFFER_SIZE: return "LBOPT_ERR_BUFFER_SIZE: codes or scales buffer has the wrong size";
     case LBOPT_ERR_OVERLAP: return "LBOPT_ERR_OVERLAP: a written buffer overlaps another buffer";

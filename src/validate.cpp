@@ -68,6 +68,57 @@ bool to_dtype(DLDataType t, Dtype* out) {
   return true;
 }
 
+// The kernels walk memory linearly, so any layout whose elements fill one gap-free range is served: the extents
+// taken in order of increasing stride must be compact (channels_last, a transpose, any permutation). Extent-1
+// dimensions may carry any stride. Negative strides are refused: torch never makes them, and a caller with a
+// reversed view can pass its ascending twin.
+lbopt_status check_dense(const DLTensor* t, const ArgName& arg) {
+  thread_local std::vector<int> dims;  // reused: validation allocates nothing once warm
+  dims.clear();
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] == 1) continue;
+    if (t->strides[d] < 0)
+      return fail(LBOPT_ERR_STRIDE, "%s: strides[%d] = %lld is negative; strides must be >= 0", Text(arg).c_str(), d,
+                  (long long)t->strides[d]);
+    dims.push_back(d);
+  }
+  // innermost first; among equal strides the later dimension first, so row-major tensors name their last dim
+  std::sort(dims.begin(), dims.end(), [t](int a, int b) {
+    return t->strides[a] != t->strides[b] ? t->strides[a] < t->strides[b] : a > b;
+  });
+  int64_t expected = 1;
+  for (int d : dims) {
+    if (t->strides[d] != expected)
+      return fail(LBOPT_ERR_STRIDE, "%s: strides[%d] = %lld, a dense layout needs %lld (the strides must be those of "
+                  "a compact tensor in some dimension order)", Text(arg).c_str(), d, (long long)t->strides[d],
+                  (long long)expected);
+    expected *= t->shape[d];
+  }
+  return LBOPT_OK;
+}
+
+// Row-major strides where a tensor has none.
+int64_t stride_of(const DLTensor& t, int d) {
+  if (t.strides) return t.strides[d];
+  int64_t s = 1;
+  for (int e = t.ndim - 1; e > d; --e) s *= t.shape[e];
+  return s;
+}
+
+// A grad must lie in memory as its param does (its shape was checked equal): element i of the one is element i
+// of the other, and the states follow the same order.
+lbopt_status check_same_layout(const DLTensor& param, const DLTensor& grad, size_t slot) {
+  if (!param.strides && !grad.strides) return LBOPT_OK;
+  for (int d = 0; d < param.ndim; ++d) {
+    if (param.shape[d] == 1) continue;
+    const int64_t sp = stride_of(param, d), sg = stride_of(grad, d);
+    if (sp != sg)
+      return fail(LBOPT_ERR_STRIDE, "slots[%zu].grad: strides[%d] = %lld, its param's is %lld; a grad must have its "
+                  "param's memory layout", slot, d, (long long)sg, (long long)sp);
+  }
+  return LBOPT_OK;
+}
+
 // Checks every tensor of one call against the same device and collects byte ranges for the overlap check.
 class CallChecker {
  public:
@@ -112,16 +163,8 @@ class CallChecker {
         return fail(LBOPT_ERR_SHAPE, "%s: element count overflows int64", Text(arg).c_str());
       numel *= n;
     }
-    // strides: NULL or compact row-major (a dimension of extent 1 may carry any stride)
-    if (t->strides && numel > 0) {
-      int64_t expected = 1;
-      for (int d = t->ndim - 1; d >= 0; --d) {
-        if (t->shape[d] != 1 && t->strides[d] != expected)
-          return fail(LBOPT_ERR_STRIDE, "%s: strides[%d] = %lld, compact row-major needs %lld", Text(arg).c_str(), d,
-                      (long long)t->strides[d], (long long)expected);
-        expected *= t->shape[d];
-      }
-    }
+    // strides: NULL (compact row-major) or any dense, non-overlapping layout
+    if (t->strides && numel > 0) LBOPT_TRY(check_dense(t, arg));
     const int64_t elem = dt.bits / 8;
     if (numel > INT64_MAX / elem) return fail(LBOPT_ERR_SHAPE, "%s: byte size overflows int64", Text(arg).c_str());
     // device
@@ -253,8 +296,8 @@ lbopt_status check_config(const lbopt_adamw_config* c) {
   LBOPT_TRY(validate_kind(c->state_kind, "config.state_kind"));
   LBOPT_TRY(check_unit_interval(c->beta1, "config.beta1"));
   LBOPT_TRY(check_unit_interval(c->beta2, "config.beta2"));
-  if (!(c->eps > 0.0 && isfinite(c->eps)))
-    return fail(LBOPT_ERR_INVALID_VALUE, "config.eps = %g must be finite and > 0", c->eps);
+  if (!(c->eps >= 0.0 && isfinite(c->eps)))
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.eps = %g must be finite and >= 0", c->eps);
   if (!(c->weight_decay >= 0.0 && isfinite(c->weight_decay)))
     return fail(LBOPT_ERR_INVALID_VALUE, "config.weight_decay = %g must be finite and >= 0", c->weight_decay);
   if (c->flags & ~LBOPT_FLAGS_ALL)
@@ -269,6 +312,30 @@ lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, 
   LBOPT_TRY(ck.tensor(t, ArgName{name}, Want::kFloat32, Access::kRead, &v));
   if (v.numel != 1) return fail(LBOPT_ERR_SHAPE, "%s: has %lld elements, expected 1", name, (long long)v.numel);
   *out = reinterpret_cast<const float*>(v.data);
+  return LBOPT_OK;
+}
+
+// Host scalars are read and checked here, so that a validated host plan cannot fail; on CUDA the kernels read
+// them and refuse bad values on the device. The capturable lr and step become the plan's by-value ones.
+lbopt_status read_host_scalars(StepPlan* plan) {
+  if (plan->lr_scalar) {
+    const double lr = plan->lr_is_double ? *static_cast<const double*>(plan->lr_scalar)
+                                         : double(*static_cast<const float*>(plan->lr_scalar));
+    const double step = plan->step_is_int64 ? double(*static_cast<const int64_t*>(plan->step_scalar))
+                                            : double(*static_cast<const float*>(plan->step_scalar));
+    if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
+    if (!(step >= 1.0 && step < 9.2e18 && step == floor(step)))
+      return fail(LBOPT_ERR_INVALID_VALUE, "step = %g must be a whole number >= 1", step);
+    plan->lr = lr;
+    for (StepSlot& slot : plan->slots) slot.step = int64_t(step);
+    plan->lr_scalar = plan->step_scalar = nullptr;
+  }
+  if (plan->grad_scale) {
+    const double gs = *plan->grad_scale;
+    if (!(gs > 0.0 && isfinite(gs) && isfinite(float(1.0 / gs))))
+      return fail(LBOPT_ERR_INVALID_VALUE, "options.grad_scale = %g must be finite and > 0 with a finite float "
+                  "reciprocal", gs);
+  }
   return LBOPT_OK;
 }
 
@@ -333,6 +400,7 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
         (s.param->ndim > 0 && memcmp(s.param->shape, s.grad->shape, sizeof(int64_t) * size_t(s.param->ndim)) != 0))
       return fail(LBOPT_ERR_SHAPE, "slots[%zu].grad: shape differs from the param's (%d-d, %lld elements vs %d-d, "
                   "%lld elements)", i, s.grad->ndim, (long long)g.numel, s.param->ndim, (long long)p.numel);
+    LBOPT_TRY(check_same_layout(*s.param, *s.grad, i));
     to_dtype(p.dtype, &out.param_dtype);
     to_dtype(g.dtype, &out.grad_dtype);
     out.param = p.data;
@@ -379,10 +447,11 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
   LBOPT_TRY(ck.check_overlaps());
   LBOPT_TRY(ck.device_supported());
   plan->device = ck.device();
+  plan->lr = lr;
+  if (plan->device.cls == DeviceClass::kHost) LBOPT_TRY(read_host_scalars(plan));
   plan->kind = kind;
   plan->flags = config->flags;
   plan->seed = config->seed;
-  plan->lr = lr;
   plan->beta1 = config->beta1;
   plan->beta2 = config->beta2;
   plan->eps = config->eps;

@@ -250,6 +250,22 @@ const std::vector<Case>& cases() {
      [](Setup& s) { s.p1.t.strides = s.array({70, 1});
                     s.g1.t.strides = s.array({70, 1}); },
      step, LBOPT_OK, {}, kStepWrites},
+    {"accepted: eps = 0 (as torch)", k4, [](Setup& s) { s.config.eps = 0.0; }, step, LBOPT_OK, {}, kStepWrites},
+    {"accepted: param and grad transposed alike {1, 3}", k4,
+     [](Setup& s) { s.p1.t.strides = s.array({1, 3});
+                    s.g1.t.strides = s.array({1, 3}); },
+     step, LBOPT_OK, {}, kStepWrites},
+    {"accepted: channels_last param and grad [2, 3, 5, 7] strides {105, 1, 21, 3}", k4,
+     [](Setup& s) { s.p1.t.ndim = s.g1.t.ndim = 4; s.p1.t.shape = s.g1.t.shape = s.array({2, 3, 5, 7});
+                    s.p1.t.strides = s.g1.t.strides = s.array({105, 1, 21, 3}); },
+     step, LBOPT_OK, {}, kStepWrites},
+    {"accepted: extent-1 dims differ in stride between param and grad", k4,
+     [](Setup& s) { s.p1.t.ndim = s.g1.t.ndim = 3; s.p1.t.shape = s.g1.t.shape = s.array({3, 1, 70});
+                    s.p1.t.strides = s.array({70, 1, 1}); s.g1.t.strides = s.array({70, 999, 1}); },
+     step, LBOPT_OK, {}, kStepWrites},
+    {"accepted: quantize src transposed", k4,
+     [](Setup& s) { s.values.t.ndim = 2; s.values.t.shape = s.array({20, 15}); s.values.t.strides = s.array({1, 20}); },
+     quantize, LBOPT_OK, {}, {{"q.codes", "q.scales"}, {}}},
     {"accepted: a kDLCUDAHost grad is host memory", k4, [](Setup& s) { s.g0.t.device = {kDLCUDAHost, 0}; },
      step, LBOPT_OK, {}, kStepWrites},
     {"accepted: read-only grads may alias each other", k4, [](Setup& s) { s.g1.t.data = s.g0.t.data; },
@@ -284,7 +300,8 @@ const std::vector<Case>& cases() {
      LBOPT_ERR_INVALID_VALUE, {"config.beta1"}},
     {"config.beta2 = -0.1", k4, [](Setup& s) { s.config.beta2 = -0.1; }, step,
      LBOPT_ERR_INVALID_VALUE, {"config.beta2"}},
-    {"config.eps = 0", k4, [](Setup& s) { s.config.eps = 0.0; }, step, LBOPT_ERR_INVALID_VALUE, {"config.eps"}},
+    {"config.eps = -1e-12", k4, [](Setup& s) { s.config.eps = -1e-12; }, step, LBOPT_ERR_INVALID_VALUE,
+     {"config.eps"}},
     {"config.eps = NaN", k4, [](Setup& s) { s.config.eps = kNaN; }, step, LBOPT_ERR_INVALID_VALUE, {"config.eps"}},
     {"config.eps = +inf", k4, [](Setup& s) { s.config.eps = kInf; }, step, LBOPT_ERR_INVALID_VALUE, {"config.eps"}},
     {"config.weight_decay = -0.01", k4, [](Setup& s) { s.config.weight_decay = -0.01; }, step,
@@ -405,9 +422,21 @@ const std::vector<Case>& cases() {
      state_init, LBOPT_ERR_UNSUPPORTED, {"state.codes", "CUDA"}, {}, true},
 
     // ---- strides and alignment ----
-    {"slots[1].param strides {1, 3} (transposed)", k4,
+    {"slots[1].param transposed {1, 3}, its grad row-major", k4,
      [](Setup& s) { s.p1.t.strides = s.array({1, 3}); }, step, LBOPT_ERR_STRIDE,
-     {"slots[1].param"}},
+     {"slots[1].grad: strides[0] = 70, its param's is 1"}},
+    {"slots[1].grad expanded {0, 1}", k4,
+     [](Setup& s) { s.g1.t.strides = s.array({0, 1}); }, step, LBOPT_ERR_STRIDE,
+     {"slots[1].grad: strides[0] = 0, a dense layout needs 1"}},
+    {"slots[1].param gapped {140, 2}", k4,
+     [](Setup& s) { s.p1.t.strides = s.array({140, 2}); }, step, LBOPT_ERR_STRIDE,
+     {"slots[1].param: strides[1] = 2, a dense layout needs 1"}},
+    {"slots[1].param overlapping {1, 1}", k4,
+     [](Setup& s) { s.p1.t.strides = s.array({1, 1}); }, step, LBOPT_ERR_STRIDE,
+     {"slots[1].param: strides[0] = 1, a dense layout needs 70"}},
+    {"slots[1].param negative {-70, 1}", k4,
+     [](Setup& s) { s.p1.t.strides = s.array({-70, 1}); }, step, LBOPT_ERR_STRIDE,
+     {"slots[1].param: strides[0] = -70 is negative"}},
     {"slots[0].m.codes strides {2}", k4,
      [](Setup& s) { s.m0.codes->t.strides = s.array({2}); }, step, LBOPT_ERR_STRIDE,
      {"slots[0].m.codes"}},
@@ -550,6 +579,19 @@ void run_case(const Case& c) {
   std::vector<uint64_t> before;
   for (const auto& nb : named) before.push_back(test::hash(*nb.second));
 
+  // lbopt_adamw_step_validate gives the step's verdict and message, and writes nothing
+  const bool is_step = c.call.target_type() == step.target_type();
+  std::string validate_error;
+  if (is_step) {
+    const lbopt_status v = lbopt_adamw_step_validate(s.config_arg, s.lr, s.slots_arg, s.n_slots, s.options_arg);
+    validate_error = lbopt_last_error();
+    CHECK(int(v) == int(c.expected));
+    for (size_t i = 0; i < named.size(); ++i) {
+      INFO("buffer after validate: " << named[i].first);
+      CHECK(test::hash(*named[i].second) == before[i]);
+    }
+  }
+
   const lbopt_status status = c.call(s);
   const char* raw_error = lbopt_last_error();
   REQUIRE(raw_error != nullptr);
@@ -560,6 +602,7 @@ void run_case(const Case& c) {
 
   // (1) the exact status
   CHECK(int(status) == int(c.expected));
+  if (is_step) CHECK(validate_error == error);
   // (2) a message naming the argument (and none after a success)
   if (c.expected == LBOPT_OK) {
     CHECK(error.empty());
