@@ -97,7 +97,7 @@ lbopt_status check_dense(const DLTensor* t, const ArgName& arg) {
   return LBOPT_OK;
 }
 
-// Row-major strides where a tensor has none.
+// Row-major strides where a tensor has none (of a tensor with elements: the product cannot overflow).
 int64_t stride_of(const DLTensor& t, int d) {
   if (t.strides) return t.strides[d];
   int64_t s = 1;
@@ -106,9 +106,9 @@ int64_t stride_of(const DLTensor& t, int d) {
 }
 
 // A grad must lie in memory as its param does (its shape was checked equal): element i of the one is element i
-// of the other, and the states follow the same order.
-lbopt_status check_same_layout(const DLTensor& param, const DLTensor& grad, size_t slot) {
-  if (!param.strides && !grad.strides) return LBOPT_OK;
+// of the other, and the states follow the same order. Empty tensors may carry any strides.
+lbopt_status check_same_layout(const DLTensor& param, const DLTensor& grad, int64_t numel, size_t slot) {
+  if ((!param.strides && !grad.strides) || numel == 0) return LBOPT_OK;
   for (int d = 0; d < param.ndim; ++d) {
     if (param.shape[d] == 1) continue;
     const int64_t sp = stride_of(param, d), sg = stride_of(grad, d);
@@ -400,7 +400,7 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
         (s.param->ndim > 0 && memcmp(s.param->shape, s.grad->shape, sizeof(int64_t) * size_t(s.param->ndim)) != 0))
       return fail(LBOPT_ERR_SHAPE, "slots[%zu].grad: shape differs from the param's (%d-d, %lld elements vs %d-d, "
                   "%lld elements)", i, s.grad->ndim, (long long)g.numel, s.param->ndim, (long long)p.numel);
-    LBOPT_TRY(check_same_layout(*s.param, *s.grad, i));
+    LBOPT_TRY(check_same_layout(*s.param, *s.grad, p.numel, i));
     to_dtype(p.dtype, &out.param_dtype);
     to_dtype(g.dtype, &out.grad_dtype);
     out.param = p.data;

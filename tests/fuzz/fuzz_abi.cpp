@@ -25,6 +25,8 @@
 //   cuda:0 by default, bit2: on kDLCUDAHost by default)
 //   then the entry's fields in the order the decode_* functions below read them; each tensor is
 //   u8 mut, u8 aux, then the fields mut selects (see Ctx::tensor).
+// Every lbopt_adamw_step is preceded by lbopt_adamw_step_validate on the same arguments, whose status and message
+// must be the step's.
 // LBOPT_FUZZ_VERBOSE=1 prints one line per input (entry, status, message): run the binary on a file to see what
 // a reproducer or a seed does.
 #include <float.h>
@@ -333,14 +335,29 @@ struct Ctx {
       T.t.ndim = derived_ndim;
       memcpy(T.shape, derived, sizeof T.shape);
     }
-    // strides: NULL, compact (any stride on extent-1 dims), or fuzzed
+    // strides: NULL, dense (compact in a dimension order, any stride on extent-1 dims), or fuzzed. With aux bit
+    // 0x04 one more byte picks the order: 0 row-major, odd the like tensor's strides (a grad laid out as its
+    // param), else a permutation (channels_last, transposes)
     const int nd = std::max(T.t.ndim, 0);
     if ((aux & 0x04) || (mut & 0x08)) {
+      int order[kMaxDims];
+      for (int d = 0; d < kMaxDims; ++d) order[d] = d;
+      const uint8_t pick = (aux & 0x04) ? r.u8() : 0;
+      if (pick && !(pick & 1)) {  // a Fisher-Yates shuffle driven by pick >> 1
+        unsigned k = pick >> 1;
+        for (int d = nd - 1; d > 0; --d) {
+          std::swap(order[d], order[k % unsigned(d + 1)]);
+          k /= unsigned(d + 1);
+        }
+      }
       uint64_t expected = 1;  // wraps for absurd shapes, which the library rejects before looking at strides
-      for (int d = nd - 1; d >= 0; --d) {
+      for (int j = nd - 1; j >= 0; --j) {
+        const int d = order[j];
         T.strides[d] = T.shape[d] == 1 ? 12345 + d : int64_t(expected);
         expected *= T.shape[d] ? uint64_t(T.shape[d]) : 1u;
       }
+      if ((pick & 1) && like >= 0 && tens[size_t(like)].t.strides)
+        memcpy(T.strides, tens[size_t(like)].strides, sizeof T.strides);
       T.t.strides = T.strides;
     }
     if (mut & 0x08) {
@@ -791,9 +808,19 @@ void run_step(Ctx& c, bool capturable) {
   const lbopt_adamw_config* cfg_arg = cm & 0x01 ? nullptr : &cfg;
   const lbopt_adamw_slot* slots_arg = cm & 0x04 ? nullptr : slots;
   const lbopt_step_options* opts_arg = cm & 0x08 ? nullptr : &opts;
+  // lbopt_adamw_step_validate first: the step must then return its verdict and message (it also writes nothing,
+  // which c.check sees whenever the step fails)
+  std::string verdict;
+  lbopt_status validated = LBOPT_OK;
+  if (!capturable) {
+    validated = lbopt_adamw_step_validate(cfg_arg, lr, slots_arg, n, opts_arg);
+    verdict = lbopt_last_error();
+  }
   const lbopt_status st =
       capturable ? lbopt_adamw_step_capturable(cfg_arg, c.ptr(lr_t), c.ptr(step_t), slots_arg, n, opts_arg)
                  : lbopt_adamw_step(cfg_arg, lr, slots_arg, n, opts_arg);
+  if (!capturable && (st != validated || verdict != lbopt_last_error()))
+    c.die(st, "lbopt_adamw_step_validate said %d (\"%s\"), the step %d", int(validated), verdict.c_str(), int(st));
   if (memcmp(&cfg_before, &cfg, sizeof cfg) || memcmp(slots_before, slots, sizeof slots) ||
       memcmp(&opts_before, &opts, sizeof opts))
     c.die(st, "the config, slots or options struct was written");
