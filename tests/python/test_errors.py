@@ -111,20 +111,13 @@ def test_numpy_float64_param_and_int_grad():
 # ---- strides, layouts, devices, aliasing ---------------------------------------------------------------------
 
 
-def test_transposed_param_is_refused_for_its_strides():
-    bad = torch.nn.Parameter(torch.randn(30, 20).t())
-    assert not bad.is_contiguous()
+def test_gapped_param_is_refused_for_its_strides():
+    bad = torch.nn.Parameter(torch.randn(30, 40)[:, ::2])  # every other column: no dense layout
     opt, params = primed(extra=[bad])
-    (bad * torch.randn(20, 30)).sum().backward()  # autograd's grad for it
+    (bad * torch.randn(30, 20)).sum().backward()
     e = refused(opt, params, lbopt.LbOptValueError,
-                r"slots\[2\]\.param: strides\[1\] = 20, compact row-major needs 1", _abi.ERR_STRIDE)
+                r"slots\[2\]\.param: strides\[1\] = 2, a dense layout needs 1", _abi.ERR_STRIDE)
     assert isinstance(e, ValueError)
-
-
-def test_strided_grad_is_refused():
-    opt, params = primed()
-    params[1].grad = torch.randn(600)[::2]
-    refused(opt, params, lbopt.LbOptValueError, r"slots\[1\]\.grad: strides\[0\] = 2", _abi.ERR_STRIDE)
 
 
 def test_sparse_grad_is_refused():
@@ -200,8 +193,8 @@ BAD_HYPER = [
     ("lr", math.inf, r"lr = inf must be finite and >= 0"),
     ("betas", (1.0, 0.999), r"config\.beta1 = 1 is outside \[0, 1\)"),
     ("betas", (0.9, -0.1), r"config\.beta2 = -0.1 is outside \[0, 1\)"),
-    ("eps", 0.0, r"config\.eps = 0 must be finite and > 0"),
-    ("eps", math.nan, r"config\.eps = nan must be finite and > 0"),
+    ("eps", -1e-8, r"config\.eps = -1e-08 must be finite and >= 0"),
+    ("eps", math.nan, r"config\.eps = nan must be finite and >= 0"),
     ("weight_decay", -0.1, r"config\.weight_decay = -0.1 must be finite and >= 0"),
 ]
 IDS = [f"{k}={v}" for k, v, _ in BAD_HYPER]
@@ -248,8 +241,8 @@ def test_bad_tensor_lr_set_before_step():
 
 def test_add_param_group_with_bad_hyperparameter_raises():
     opt, params = primed()
-    with pytest.raises(lbopt.LbOptValueError, match=r"config\.eps = 0 must be finite and > 0"):
-        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(10))], "eps": 0.0})
+    with pytest.raises(lbopt.LbOptValueError, match=r"config\.eps = -1 must be finite and >= 0"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(10))], "eps": -1.0})
 
 
 def test_refused_param_group_is_not_added():

@@ -180,6 +180,8 @@ def _load():
         "lbopt_adamw_config_init": (st, [P(AdamWConfig), ctypes.c_size_t]),
         "lbopt_step_options_init": (st, [P(StepOptions), ctypes.c_size_t]),
         "lbopt_adamw_step": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t, P(StepOptions)]),
+        "lbopt_adamw_step_validate": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t,
+                                           P(StepOptions)]),
         "lbopt_set_num_threads": (st, [ctypes.c_int]),
         "lbopt_get_num_threads": (ctypes.c_int, []),
     }

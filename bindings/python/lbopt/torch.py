@@ -9,6 +9,9 @@ nothing. All tensors of a param group (per device and state kind) go to the libr
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=1000)
 """
 import ctypes
+import math
+import numbers
+
 import torch
 
 from . import _abi
@@ -45,42 +48,100 @@ def _dl_device(t):
 
 
 def _view(t):
-    """A DLTensor view of a dense tensor, built from its metadata (no DLPack capsule)."""
+    """A DLTensor view of a strided tensor, built from its metadata (no DLPack capsule). The view holds the tensor's
+    storage too, so the memory it points to stays allocated even if the tensor's data is later swapped."""
     if t.layout != torch.strided:
         raise TypeError(f"lbopt: {t.layout} tensors are not supported; gradients and params must be dense")
-    return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), _dl_device(t), t)
+    device = _dl_device(t)
+    return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), device, (t, t.untyped_storage()))
 
 
 def _grad_key(g):
     return (g.dtype, g.shape, g.stride(), g.device)
 
 
-class _ParamSlot:
-    """The lbopt_adamw_slot of one param, with the views it points to: built once, rebuilt when the param's
-    storage moves or a state tensor is replaced, refreshed for the grad on every step."""
+def _param_key(p):
+    return (p.data_ptr(), p.dtype, p.shape, p.stride(), p.device)
 
-    def __init__(self, p, state):
-        self.param_key = (p.data_ptr(), p.shape, p.stride())
-        self.state_keys = [k for k in state if torch.is_tensor(state[k])]
-        self.state_tensors = [state[k] for k in self.state_keys]
+
+# ---- memory order ----------------------------------------------------------------------------------------------
+# The library steps a tensor in memory order and its states follow that order. A state laid out in another order
+# than row-major records it as "dim_order" (outermost dim first, as torch.Tensor.dim_order; absent means
+# row-major), so a param whose layout changes later (model.to(memory_format=torch.channels_last)) or a checkpoint
+# loaded into a model of another layout gets its states re-laid out instead of silently pairing moments with the
+# wrong elements.
+
+def _dim_order(t):
+    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
+
+
+def _state_order(state, p):
+    return state.get("dim_order", tuple(range(p.dim())))
+
+
+def _set_order(state, order):
+    if order == tuple(range(len(order))):
+        state.pop("dim_order", None)
+    else:
+        state["dim_order"] = order
+
+
+def _strides_in_order(shape, order):
+    strides, s = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = s
+        s *= shape[d]
+    return strides
+
+
+def _follows(t, order):
+    """Whether t lies in memory in dim order `order` (extent-1 dims may carry any stride)."""
+    return all(a == b for a, b, n in zip(t.stride(), _strides_in_order(t.shape, order), t.shape) if n != 1)
+
+
+def _empty_in_order(shape, order, device):
+    """A float32 tensor of `shape` laid out in dim order `order`."""
+    base = torch.empty([shape[d] for d in order], dtype=torch.float32, device=device)
+    return base.permute([order.index(d) for d in range(len(shape))])
+
+
+def _check_dim_order(order, p):
+    if not (isinstance(order, (tuple, list)) and sorted(order) == list(range(p.dim()))
+            and all(isinstance(d, int) for d in order)):
+        raise ValueError(f"lbopt: saved dim_order {order!r} is not a permutation of the dims of a param of shape "
+                         f"{tuple(p.shape)}")
+    return tuple(order)
+
+
+class _ParamSlot:
+    """The lbopt_adamw_slot of one param, with the views it points to: built once and reused while the param's
+    data, dtype, shape, strides and device and its state tensors stay the same; the grad is set on every step."""
+
+    def __init__(self, p, state, amsgrad):
+        self.param_key = _param_key(p)
+        self.amsgrad = amsgrad
+        self.state_tensors = [(k, v) for k, v in state.items() if torch.is_tensor(v)]
         self.views = [_view(p)]
         self.slot = _abi.AdamWSlot()
         self.slot.struct_size = ctypes.sizeof(_abi.AdamWSlot)
         self.slot.param = self.views[0].ptr
-        for field, (name, _) in zip(("m", "v", "vmax"), _MOMENTS):
-            if name + "_codes" in state:
-                setattr(self.slot, field, _state_of(state, name, self.views))
+        for field, (name, _) in zip(("m", "v", "vmax"), _MOMENTS if amsgrad else _MOMENTS[:2]):
+            setattr(self.slot, field, _state_of(state, name, self.views))
         self.grad = View()
         self.grad_key = None
 
-    def fresh(self, p, state):
-        return self.param_key == (p.data_ptr(), p.shape, p.stride()) and all(
-            state.get(k) is t for k, t in zip(self.state_keys, self.state_tensors))
+    def fresh(self, p, state, amsgrad):
+        return (self.param_key == _param_key(p) and self.amsgrad == amsgrad
+                and all(state.get(k) is t for k, t in self.state_tensors))
 
-
-    def set_grad(self, g):
+    def set_grad(self, g, p):
+        """Point the slot at g; a grad laid out unlike its param is first copied into the param's layout (as
+        torch's fused step does). Returns the tensor the slot now points to, which must live until the call."""
         if g.layout != torch.strided:
             raise TypeError(f"lbopt: {g.layout} gradients are not supported; lbopt steps dense tensors")
+        if (g.stride() != p.stride() and g.shape == p.shape and g.device == p.device
+                and not all(a == b for a, b, n in zip(g.stride(), p.stride(), p.shape) if n != 1)):
+            g = torch.empty_like(p, dtype=g.dtype).copy_(g)
         key = _grad_key(g)
         if key != self.grad_key:
             self.grad.set(g.data_ptr(), g.shape, g.stride(), _dl_dtype(g.dtype), _dl_device(g), None)
@@ -88,6 +149,49 @@ class _ParamSlot:
             self.slot.grad = self.grad.ptr
         else:
             self.grad.dl.data = g.data_ptr()
+        return g
+
+
+class _Call:
+    """One lbopt_adamw_step of a step(): the slots of one param group, device and state kind."""
+
+    def __init__(self, cfg, lr, device, entries, grad_scale, found_inf, read_skipped):
+        self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad it points to)
+        n = self.n = len(entries)
+        self.slots = (_abi.AdamWSlot * n)()
+        for i, (_, ps, _) in enumerate(entries):
+            self.slots[i] = ps.slot
+        self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)
+        self.opts = _abi.StepOptions()
+        self.opts.struct_size = ctypes.sizeof(self.opts)
+        self.keep = [_view(self.skipped)]
+        self.opts.skipped = self.keep[0].ptr
+        for field, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
+            if t is not None:
+                v = _view(t.to(device=device, dtype=torch.float32))
+                self.keep.append(v)
+                setattr(self.opts, field, v.ptr)
+        if device.type == "cuda":
+            self.opts.stream = torch.cuda.current_stream(device).cuda_stream
+        self.read_skipped = read_skipped
+
+    def validate(self):
+        _abi.check(_abi.lib.lbopt_adamw_step_validate(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
+                                                      ctypes.byref(self.opts)))
+
+    def run(self):
+        _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
+                                             ctypes.byref(self.opts)))
+        # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
+        flags = self.skipped.tolist() if self.read_skipped else [0] * self.n
+        for (state, _, _), s in zip(self.entries, flags):
+            if not s:
+                state["step"] += 1
+
+
+# Attributes of an optimizer beyond torch.optim.Optimizer's, carried through copy.deepcopy and pickle.
+_OWN_ATTRS = ("state_kind", "adam", "min_quant_size", "bf16_stochastic_round", "skip_nonfinite", "seed",
+              "_keep_names")
 
 
 class LowBitAdamW(torch.optim.Optimizer):
@@ -102,15 +206,23 @@ class LowBitAdamW(torch.optim.Optimizer):
             group may also set fp32_state=True.
         bf16_stochastic_round: round bfloat16 params stochastically (reproducible: keyed by seed, step, element).
         skip_nonfinite: leave a tensor whose gradient has NaN/Inf untouched (its step count does not advance).
+        foreach, fused: accepted for torch.optim.AdamW compatibility; lbopt always runs one fused call per group.
     Works with torch.amp.GradScaler: the scaler's scale and found_inf reach the library, which skips the whole
-    step on overflow without writing anything.
+    step on overflow without writing anything. A step() is atomic: everything it would pass to the library is
+    validated before the first param or state is written.
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, state_kind="4bit", adam=False, min_quant_size=4096, keep_fp32=(),
-                 bf16_stochastic_round=False, skip_nonfinite=False, seed=0):
+                 bf16_stochastic_round=False, skip_nonfinite=False, seed=0, foreach=None, fused=None,
+                 capturable=False, differentiable=False):
+        if capturable or differentiable:
+            raise ValueError("lbopt: capturable=True and differentiable=True are not supported (the lr is a host "
+                             "value of every step; the step is not differentiable)")
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, fp32_state=False)
         super().__init__(params, defaults)
@@ -128,6 +240,21 @@ class LowBitAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             self._validate_group(group)
 
+    # ---- copies: copy.deepcopy and pickle keep what torch.optim.Optimizer's __getstate__ drops -----------------
+
+    def __getstate__(self):
+        out = super().__getstate__()
+        out.update({k: getattr(self, k) for k in _OWN_ATTRS})
+        out["_keep_positions"] = [i for i, (p, _, _) in enumerate(self._params()) if id(p) in self._keep_ids]
+        return out
+
+    def __setstate__(self, state):
+        positions = state.pop("_keep_positions", [])
+        super().__setstate__(state)
+        params = [p for p, _, _ in self._params()]
+        self._keep_ids = {id(params[i]) for i in positions}
+        self._slots = {}
+
     # ---- configuration ---------------------------------------------------------------------------------------
 
     def _kind_for(self, p, group, name=None):
@@ -141,7 +268,12 @@ class LowBitAdamW(torch.optim.Optimizer):
                  | (_abi.FLAG_MAXIMIZE if group["maximize"] else 0)
                  | (_abi.FLAG_BF16_STOCHASTIC_ROUND if self.bf16_stochastic_round else 0)
                  | (_abi.FLAG_SKIP_NONFINITE if self.skip_nonfinite else 0))
-        return _abi.adamw_config(kind, group["betas"], group["eps"], group["weight_decay"], flags, self.seed)
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
+        return _abi.adamw_config(kind, (_real(betas[0], "betas[0]"), _real(betas[1], "betas[1]")),
+                                 _real(group["eps"], "eps"), _real(group["weight_decay"], "weight_decay"), flags,
+                                 self.seed)
 
     def _validate_group(self, group):
         """The library's own checks of the hyper-parameters and lr, on an empty tensor: errors surface at
@@ -155,7 +287,7 @@ class LowBitAdamW(torch.optim.Optimizer):
         slot.step = 1
         cfg = self._config(group, _abi.STATE_FP32)
         cfg.flags &= ~_abi.FLAG_AMSGRAD
-        _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(cfg), _lr(group), ctypes.byref(slot), 1, None))
+        _abi.check(_abi.lib.lbopt_adamw_step_validate(ctypes.byref(cfg), _lr(group), ctypes.byref(slot), 1, None))
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -170,14 +302,11 @@ class LowBitAdamW(torch.optim.Optimizer):
 
     def _init_state(self, p, group, name):
         kind = self._kind_for(p, group, name)
-        lay = _abi.layout(kind, p.numel())
-        codes_dtype = torch.float32 if kind == _abi.STATE_FP32 else torch.uint8
         state = {"step": 0, "state_kind": _KIND_NAMES[kind]}
+        _set_order(state, _dim_order(p))
         names = _MOMENTS if group["amsgrad"] else _MOMENTS[:2]
         for moment, _ in names:
-            state[moment + "_codes"] = torch.zeros(lay.codes_numel, dtype=codes_dtype, device=p.device)
-            if kind != _abi.STATE_FP32:
-                state[moment + "_scales"] = torch.zeros(lay.scales_numel, dtype=torch.float32, device=p.device)
+            state.update(_zero_state(kind, p, moment))
         return state
 
     def _params(self):
@@ -186,11 +315,26 @@ class LowBitAdamW(torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             yield from ((p, group, n) for p, n in zip(group["params"], names))
 
-    def _slot(self, p, state):
+    def _slot(self, p, state, amsgrad, relayouts):
+        """The param's cached slot, rebuilt when stale. A param no longer laid out as its states are is queued in
+        relayouts (its slot is cached once they are re-laid out)."""
         cached = self._slots.get(id(p))
-        if cached is None or not cached.fresh(p, state):
-            cached = self._slots[id(p)] = _ParamSlot(p, state)
+        if cached is not None and cached.fresh(p, state, amsgrad):
+            return cached
+        if amsgrad and "max_exp_avg_sq_codes" not in state:  # amsgrad turned on after the states were made
+            state.update(_zero_state(KINDS[state["state_kind"]], p, "max_exp_avg_sq"))
+        cached = _ParamSlot(p, state, amsgrad)
+        order = _dim_order(p)
+        if not _follows(p, _state_order(state, p)) and _follows(p, order):
+            relayouts.append((p, state, order, cached))
+        else:
+            self._slots[id(p)] = cached
         return cached
+
+    def _forget(self, params):
+        for p in params:
+            self.state.pop(p, None)
+            self._slots.pop(id(p), None)
 
     # ---- the step --------------------------------------------------------------------------------------------
 
@@ -200,67 +344,77 @@ class LowBitAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._apply()
+        return loss
+
+    def _apply_eager(self):
+        """Plan every call of this step, validate them all, then run them: a refused step writes nothing and
+        creates no state."""
+        created, relayouts = [], []
+        try:
+            calls = self._plan(created, relayouts)
+            for call in calls:
+                call.validate()
+        except BaseException:
+            self._forget(created)
+            raise
+        for p, state, order, ps in relayouts:
+            _relayout(state, p, order)
+            self._slots[id(p)] = ps
+        for call in calls:
+            call.run()
+
+    # The library call is opaque to torch.compile: dynamo would otherwise trace into the ctypes internals and hit
+    # its recompile limit; a compiled function calling step() gets one graph break here and runs it eagerly.
+    _apply = torch.compiler.disable(_apply_eager)
+
+    def _plan(self, created, relayouts):
         grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler around step()
         found_inf = getattr(self, "found_inf", None)
+        read_skipped = self.skip_nonfinite or found_inf is not None
+        calls = []
         for group in self.param_groups:
-            calls = {}  # (device, kind) -> [(param, state, slot)]
-            names = group.get("param_names") or [None] * len(group["params"])
-            for p, name in zip(group["params"], names):
+            lr = _lr(group)
+            by_call = {}  # (device, kind) -> [(state, slot, grad)]
+            for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 if p.grad is None:
                     continue
                 state = self.state[p]
                 if not state:
                     state.update(self._init_state(p, group, name))
-                ps = self._slot(p, state)
-                ps.set_grad(p.grad)
+                    created.append(p)
+                ps = self._slot(p, state, group["amsgrad"], relayouts)
+                grad = ps.set_grad(p.grad, p)
                 ps.slot.step = state["step"] + 1
-                calls.setdefault((p.device, KINDS[state["state_kind"]]), []).append((p, state, ps))
-            lr = _lr(group)
-            for (device, kind), entries in calls.items():
-                self._call(group, kind, device, lr, entries, grad_scale, found_inf)
-        return loss
-
-    def _call(self, group, kind, device, lr, entries, grad_scale, found_inf):
-        n = len(entries)
-        slots = (_abi.AdamWSlot * n)()
-        for i, (_, _, ps) in enumerate(entries):
-            slots[i] = ps.slot
-        skipped = torch.zeros(n, dtype=torch.uint8, device=device)
-        opts = _abi.StepOptions()
-        opts.struct_size = ctypes.sizeof(opts)
-        keep = [_view(skipped)]
-        opts.skipped = keep[0].ptr
-        for field, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
-            if t is not None:
-                v = _view(t.to(device=device, dtype=torch.float32))
-                keep.append(v)
-                setattr(opts, field, v.ptr)
-        if device.type == "cuda":
-            opts.stream = torch.cuda.current_stream(device).cuda_stream
-        cfg = self._config(group, kind)
-        _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(cfg), lr, slots, n, ctypes.byref(opts)))
-        # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
-        flags = skipped.tolist() if (self.skip_nonfinite or found_inf is not None) else [0] * n
-        for (_, state, _), s in zip(entries, flags):
-            if not s:
-                state["step"] += 1
+                by_call.setdefault((p.device, KINDS[state["state_kind"]]), []).append((state, ps, grad))
+            for (device, kind), entries in by_call.items():
+                calls.append(_Call(self._config(group, kind), lr, device, entries, grad_scale, found_inf,
+                                   read_skipped))
+        return calls
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
 
     def load_state_dict(self, state_dict):
         """Loads states saved by state_dict() (plain tensors; map_location and weights_only=True work). Everything
-        is checked before anything changes: a state of another kind or size than this optimizer would create for
-        its param is refused with ValueError. The state tensors keep their dtypes (torch's default would cast
-        float32 scales to the param dtype) and move to their param's device."""
+        is checked before anything changes: groups of other sizes, hyper-parameters the library refuses, a
+        state of another kind or size than this optimizer would create for its param, or a step count that is
+        not a whole number >= 0 are refused with ValueError or TypeError. The state tensors keep their dtypes
+        (torch's default would cast float32 scales to the param dtype) and move to their param's device."""
         groups = [{**self.defaults, **g} for g in state_dict["param_groups"]]  # e.g. torch.optim.AdamW's groups
+        if len(groups) != len(self.param_groups) or any(
+                len(g["params"]) != len(own["params"]) for g, own in zip(groups, self.param_groups)):
+            raise ValueError(f"lbopt: the state dict has groups of {[len(g['params']) for g in groups]} params, "
+                             f"this optimizer {[len(g['params']) for g in self.param_groups]}")
         saved = state_dict["state"]
         loaded = {}
         for saved_group, group in zip(groups, self.param_groups):
+            merged = {**group, **saved_group}
+            self._validate_group(merged)
             names = group.get("param_names") or [None] * len(group["params"])
             for pid, p, name in zip(saved_group["params"], group["params"], names):
                 if pid in saved:
-                    st = {k: (v.to(p.device) if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
-                    self._check_loaded(p, {**group, **saved_group}, name, st)
+                    st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
+                    self._check_loaded(p, merged, name, st)
                     loaded[p] = st
         super().load_state_dict({"state": {}, "param_groups": groups})
         for p, st in loaded.items():
@@ -269,18 +423,64 @@ class LowBitAdamW(torch.optim.Optimizer):
 
     def _check_loaded(self, p, group, name, st):
         want = self._init_state(p, group, name)
+        what = f"a param of shape {tuple(p.shape)}" + (f" ({name})" if name else "")
         if st.get("state_kind") != want["state_kind"]:
             raise ValueError(f"lbopt: saved state kind {st.get('state_kind')!r} does not match this optimizer's "
-                             f"{want['state_kind']!r} for a param of shape {tuple(p.shape)}")
+                             f"{want['state_kind']!r} for {what}")
         for k, v in want.items():
             if torch.is_tensor(v) and (k not in st or st[k].shape != v.shape or st[k].dtype != v.dtype):
-                raise ValueError(f"lbopt: saved state {k!r} does not fit a param of shape {tuple(p.shape)} "
-                                 f"with {want['state_kind']} states")
+                raise ValueError(f"lbopt: saved state {k!r} does not fit {what} with {want['state_kind']} states")
+        st["step"] = _step_count(st.get("step"), what)
+        _set_order(st, _check_dim_order(_state_order(st, p), p))
+
+
+def _real(x, name):
+    """A hyper-parameter as a float: a real number or a 1-element tensor, as torch.optim accepts."""
+    if torch.is_tensor(x):
+        if x.numel() != 1:
+            raise ValueError(f"lbopt: {name} must be a number or a 1-element tensor, not a tensor of shape "
+                             f"{tuple(x.shape)}")
+        return float(x.item())
+    if isinstance(x, numbers.Real):
+        return float(x)
+    raise TypeError(f"lbopt: {name} must be a real number or a 1-element tensor, not {type(x).__name__} {x!r}")
 
 
 def _lr(group):
-    lr = group["lr"]
-    return float(lr.item() if torch.is_tensor(lr) else lr)
+    return _real(group["lr"], "lr")
+
+
+def _step_count(step, what):
+    """A saved step count (an int, or a float or 1-element tensor as torch.optim.AdamW saves it) as an int."""
+    value = step.item() if torch.is_tensor(step) and step.numel() == 1 else step
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+          and value == int(value))
+    if not ok:
+        raise ValueError(f"lbopt: saved step {step!r} of {what} is not a whole number >= 0")
+    return int(value)
+
+
+def _zero_state(kind, p, moment):
+    """The fresh (all-zero) tensors of one moment of p's state: {name_codes, name_scales}."""
+    lay = _abi.layout(kind, p.numel())
+    codes_dtype = torch.float32 if kind == _abi.STATE_FP32 else torch.uint8
+    out = {moment + "_codes": torch.zeros(lay.codes_numel, dtype=codes_dtype, device=p.device)}
+    if kind != _abi.STATE_FP32:
+        out[moment + "_scales"] = torch.zeros(lay.scales_numel, dtype=torch.float32, device=p.device)
+    return out
+
+
+def _relayout(state, p, order):
+    """Re-lay out p's states from the dim order they were made in to `order` (p's now): decode each moment in the
+    old order, copy it into the new one, encode. Exact for fp32 states; quantized ones are re-blocked."""
+    kind = KINDS[state["state_kind"]]
+    for name, moment in _MOMENTS:
+        if name + "_codes" in state:
+            old = _empty_in_order(p.shape, _state_order(state, p), p.device)
+            _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), _view(old).ptr, None))
+            new = _empty_in_order(p.shape, order, p.device).copy_(old)
+            _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(new).ptr, _state_of(state, name, []), None))
+    _set_order(state, order)
 
 
 def _kind_class(name, kind, adam, doc):
@@ -318,7 +518,7 @@ def to_torch_adamw_state_dict(optimizer):
         entry = {"step": torch.tensor(float(st["step"]))}
         for name, moment in _MOMENTS:
             if name + "_codes" in st:
-                dst = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                dst = _empty_in_order(p.shape, _state_order(st, p), p.device)
                 _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(st, name, []), _view(dst).ptr, None))
                 entry[name] = dst
         out[pid] = entry
@@ -334,10 +534,13 @@ def load_torch_adamw_state_dict(optimizer, torch_state_dict):
         if not src:
             continue
         st = optimizer._init_state(p, group, name)
-        st["step"] = int(float(src["step"]))
+        what = f"a param of shape {tuple(p.shape)}" + (f" ({name})" if name else "")
+        st["step"] = _step_count(src.get("step"), what)
         for name, moment in _MOMENTS:
             if name + "_codes" in st:
-                values = src[name].detach().to(device=p.device, dtype=torch.float32).contiguous()
+                if not torch.is_tensor(src.get(name)) or src[name].shape != p.shape:
+                    raise ValueError(f"lbopt: {name} of {what} is missing or of another shape")
+                values = _empty_in_order(p.shape, _state_order(st, p), p.device).copy_(src[name])
                 _abi.check(_abi.lib.lbopt_quantize(KINDS[st["state_kind"]], moment, _view(values).ptr,
                                                    _state_of(st, name, []), None))
         optimizer.state[p] = st
