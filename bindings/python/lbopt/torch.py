@@ -315,26 +315,20 @@ class LowBitAdamW(torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             yield from ((p, group, n) for p, n in zip(group["params"], names))
 
-    def _slot(self, p, state, amsgrad, relayouts):
-        """The param's cached slot, rebuilt when stale. A param no longer laid out as its states are is queued in
-        relayouts (its slot is cached once they are re-laid out)."""
+    def _slot(self, p, state, amsgrad):
+        """The param's slot and the state dict it steps: the cached slot while it is fresh; else a new one, over a
+        new state dict where the states had to be re-laid out for a new memory order or gain AMSGrad's vmax
+        (which the caller commits once the step is validated; the old tensors are never written)."""
         cached = self._slots.get(id(p))
         if cached is not None and cached.fresh(p, state, amsgrad):
-            return cached
-        if amsgrad and "max_exp_avg_sq_codes" not in state:  # amsgrad turned on after the states were made
-            state.update(_zero_state(KINDS[state["state_kind"]], p, "max_exp_avg_sq"))
-        cached = _ParamSlot(p, state, amsgrad)
+            return cached, state
         order = _dim_order(p)
         if not _follows(p, _state_order(state, p)) and _follows(p, order):
-            relayouts.append((p, state, order, cached))
-        else:
-            self._slots[id(p)] = cached
-        return cached
-
-    def _forget(self, params):
-        for p in params:
-            self.state.pop(p, None)
-            self._slots.pop(id(p), None)
+            state = _relayout(state, p, order)
+        if amsgrad and "max_exp_avg_sq_codes" not in state:  # amsgrad turned on after the states were made
+            state = {**state, **_zero_state(KINDS[state["state_kind"]], p, "max_exp_avg_sq")}
+        cached = self._slots[id(p)] = _ParamSlot(p, state, amsgrad)
+        return cached, state
 
     # ---- the step --------------------------------------------------------------------------------------------
 
@@ -348,19 +342,13 @@ class LowBitAdamW(torch.optim.Optimizer):
         return loss
 
     def _apply_eager(self):
-        """Plan every call of this step, validate them all, then run them: a refused step writes nothing and
-        creates no state."""
-        created, relayouts = [], []
-        try:
-            calls = self._plan(created, relayouts)
-            for call in calls:
-                call.validate()
-        except BaseException:
-            self._forget(created)
-            raise
-        for p, state, order, ps in relayouts:
-            _relayout(state, p, order)
-            self._slots[id(p)] = ps
+        """Plan every call of this step without changing the optimizer, validate them all, commit the states the
+        plan created or replaced, then run the calls: a refused step writes nothing and creates no state."""
+        pending = {}  # param -> its new state dict
+        calls = self._plan(pending)
+        for call in calls:
+            call.validate()
+        self.state.update(pending)
         for call in calls:
             call.run()
 
@@ -368,7 +356,7 @@ class LowBitAdamW(torch.optim.Optimizer):
     # its recompile limit; a compiled function calling step() gets one graph break here and runs it eagerly.
     _apply = torch.compiler.disable(_apply_eager)
 
-    def _plan(self, created, relayouts):
+    def _plan(self, pending):
         grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler around step()
         found_inf = getattr(self, "found_inf", None)
         read_skipped = self.skip_nonfinite or found_inf is not None
@@ -379,11 +367,10 @@ class LowBitAdamW(torch.optim.Optimizer):
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if not state:
-                    state.update(self._init_state(p, group, name))
-                    created.append(p)
-                ps = self._slot(p, state, group["amsgrad"], relayouts)
+                state = self.state.get(p) or self._init_state(p, group, name)
+                ps, new_state = self._slot(p, state, group["amsgrad"])
+                if new_state is not self.state.get(p):
+                    pending[p] = state = new_state
                 grad = ps.set_grad(p.grad, p)
                 ps.slot.step = state["step"] + 1
                 by_call.setdefault((p.device, KINDS[state["state_kind"]]), []).append((state, ps, grad))
@@ -471,16 +458,21 @@ def _zero_state(kind, p, moment):
 
 
 def _relayout(state, p, order):
-    """Re-lay out p's states from the dim order they were made in to `order` (p's now): decode each moment in the
-    old order, copy it into the new one, encode. Exact for fp32 states; quantized ones are re-blocked."""
+    """p's state re-laid out from the dim order it was made in to `order` (p's now), as a new dict of new tensors:
+    each moment decoded in the old order, copied into the new one and encoded. Exact for fp32 states; quantized
+    ones are re-blocked."""
     kind = KINDS[state["state_kind"]]
+    out = dict(state)
     for name, moment in _MOMENTS:
         if name + "_codes" in state:
             old = _empty_in_order(p.shape, _state_order(state, p), p.device)
             _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), _view(old).ptr, None))
             new = _empty_in_order(p.shape, order, p.device).copy_(old)
-            _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(new).ptr, _state_of(state, name, []), None))
-    _set_order(state, order)
+            fresh = _zero_state(kind, p, name)
+            _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(new).ptr, _state_of(fresh, name, []), None))
+            out.update(fresh)
+    _set_order(out, order)
+    return out
 
 
 def _kind_class(name, kind, adam, doc):
