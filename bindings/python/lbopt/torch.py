@@ -11,6 +11,7 @@ nothing. All tensors of a param group (per device and state kind) go to the libr
 import ctypes
 import math
 import numbers
+import operator
 
 import torch
 
@@ -54,10 +55,6 @@ def _view(t):
         raise TypeError(f"lbopt: {t.layout} tensors are not supported; gradients and params must be dense")
     device = _dl_device(t)
     return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), device, (t, t.untyped_storage()))
-
-
-def _grad_key(g):
-    return (g.dtype, g.shape, g.stride(), g.device)
 
 
 def _param_key(p):
@@ -119,8 +116,11 @@ class _ParamSlot:
 
     def __init__(self, p, state, amsgrad):
         self.param_key = _param_key(p)
+        self.param_stride = p.stride()
         self.amsgrad = amsgrad
-        self.state_tensors = [(k, v) for k, v in state.items() if torch.is_tensor(v)]
+        self.call_key = (p.device, KINDS[state["state_kind"]])
+        self.state_keys = tuple(k for k, v in state.items() if torch.is_tensor(v))
+        self.state_tensors = tuple(state[k] for k in self.state_keys)
         self.views = [_view(p)]
         self.slot = _abi.AdamWSlot()
         self.slot.struct_size = ctypes.sizeof(_abi.AdamWSlot)
@@ -132,19 +132,21 @@ class _ParamSlot:
 
     def fresh(self, p, state, amsgrad):
         return (self.param_key == _param_key(p) and self.amsgrad == amsgrad
-                and all(state.get(k) is t for k, t in self.state_tensors))
+                and all(map(operator.is_, map(state.get, self.state_keys), self.state_tensors)))
 
     def set_grad(self, g, p):
         """Point the slot at g; a grad laid out unlike its param is first copied into the param's layout (as
         torch's fused step does). Returns the tensor the slot now points to, which must live until the call."""
         if g.layout != torch.strided:
             raise TypeError(f"lbopt: {g.layout} gradients are not supported; lbopt steps dense tensors")
-        if (g.stride() != p.stride() and g.shape == p.shape and g.device == p.device
-                and not all(a == b for a, b, n in zip(g.stride(), p.stride(), p.shape) if n != 1)):
+        stride = g.stride()
+        if (stride != self.param_stride and g.shape == p.shape and g.device == p.device
+                and not all(a == b for a, b, n in zip(stride, self.param_stride, p.shape) if n != 1)):
             g = torch.empty_like(p, dtype=g.dtype).copy_(g)
-        key = _grad_key(g)
+            stride = g.stride()
+        key = (g.dtype, g.shape, stride, g.device)
         if key != self.grad_key:
-            self.grad.set(g.data_ptr(), g.shape, g.stride(), _dl_dtype(g.dtype), _dl_device(g), None)
+            self.grad.set(g.data_ptr(), g.shape, stride, _dl_dtype(g.dtype), _dl_device(g), None)
             self.grad_key = key
             self.slot.grad = self.grad.ptr
         else:
@@ -367,13 +369,13 @@ class LowBitAdamW(torch.optim.Optimizer):
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 if p.grad is None:
                     continue
-                state = self.state.get(p) or self._init_state(p, group, name)
-                ps, new_state = self._slot(p, state, group["amsgrad"])
-                if new_state is not self.state.get(p):
-                    pending[p] = state = new_state
+                old = self.state.get(p)
+                ps, state = self._slot(p, old or self._init_state(p, group, name), group["amsgrad"])
+                if state is not old:
+                    pending[p] = state
                 grad = ps.set_grad(p.grad, p)
                 ps.slot.step = state["step"] + 1
-                by_call.setdefault((p.device, KINDS[state["state_kind"]]), []).append((state, ps, grad))
+                by_call.setdefault(ps.call_key, []).append((state, ps, grad))
             for (device, kind), entries in by_call.items():
                 calls.append(_Call(self._config(group, kind), lr, device, entries, grad_scale, found_inf,
                                    read_skipped))
