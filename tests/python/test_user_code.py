@@ -471,3 +471,44 @@ def test_compiled_function_calling_step_does_not_recompile_and_equals_eager():
     assert not torch._dynamo.utils.counters["recompiles"]
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         assert torch.equal(a, b)
+
+
+# ---- 7. the same rules outside lbopt.torch ---------------------------------------------------------------------
+
+
+def test_refused_torch_adamw_import_leaves_the_optimizer_unchanged():
+    torch.manual_seed(14)
+    p = nn.Parameter(torch.randn(64, 80))
+    opt = LT.AdamW4bit([p], lr=1e-2)
+    p.grad = torch.randn(64, 80)
+    opt.step()
+    q = nn.Parameter(p.detach().clone())
+    topt = torch.optim.AdamW([q], lr=5e-3)
+    q.grad = torch.randn(64, 80)
+    topt.step()
+    bad = copy.deepcopy(topt.state_dict())
+    bad["state"][0]["exp_avg"] = bad["state"][0]["exp_avg"][:10]
+    snap = snapshot(opt, [p])
+    with pytest.raises(ValueError, match="exp_avg of a param of shape"):
+        LT.load_torch_adamw_state_dict(opt, bad)
+    assert_unchanged(opt, [p], snap)
+    assert opt.param_groups[0]["lr"] == 1e-2
+
+
+def test_numpy_fortran_order_arrays_step_in_memory_order():
+    import numpy as np
+
+    import lbopt.functional as F
+
+    rng = np.random.default_rng(15)
+    p = np.asfortranarray(rng.standard_normal((60, 40), dtype=np.float32))
+    g = np.asfortranarray(rng.standard_normal((60, 40), dtype=np.float32))
+    flat_p, flat_g = p.T.reshape(-1).copy(), g.T.reshape(-1).copy()  # the same elements in memory order
+    st = {"m": F.zeros_state("4bit", p.size), "v": F.zeros_state("4bit", p.size)}
+    ref = {"m": F.zeros_state("4bit", p.size), "v": F.zeros_state("4bit", p.size)}
+    F.adamw_step([p], [g], [st], 1e-2, [1])
+    F.adamw_step([flat_p], [flat_g], [ref], 1e-2, [1])
+    assert np.array_equal(p.T.reshape(-1), flat_p)
+    assert np.array_equal(st["m"]["codes"], ref["m"]["codes"])
+    with pytest.raises(lbopt.LbOptValueError, match=r"slots\[0\]\.grad: strides\[0\] = 40, its param's is 1"):
+        F.adamw_step([p], [np.ascontiguousarray(g)], [st], 1e-2, [2])

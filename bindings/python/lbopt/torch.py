@@ -520,25 +520,31 @@ def to_torch_adamw_state_dict(optimizer):
 
 
 def load_torch_adamw_state_dict(optimizer, torch_state_dict):
-    """Loads a torch.optim.AdamW (or Adam) state_dict, quantizing its moments into this optimizer's states."""
-    optimizer.load_state_dict({"state": {}, "param_groups": torch_state_dict["param_groups"]})
-    ids = [i for g in torch_state_dict["param_groups"] for i in g["params"]]
-    for pid, (p, group, name) in zip(ids, optimizer._params()):
+    """Loads a torch.optim.AdamW (or Adam) state_dict, quantizing its moments into this optimizer's states, laid
+    out in each param's memory order. Every state is converted before the optimizer changes: a state dict that
+    does not fit (groups of other sizes, a moment of another shape, a bad step) is refused and nothing changes."""
+    saved_groups = torch_state_dict["param_groups"]
+    ids = [i for g in saved_groups for i in g["params"]]
+    groups = [g for g in saved_groups for _ in g["params"]]
+    loaded = {}
+    for pid, saved_group, (p, group, name) in zip(ids, groups, optimizer._params()):
         src = torch_state_dict["state"].get(pid)
         if not src:
             continue
-        st = optimizer._init_state(p, group, name)
+        st = optimizer._init_state(p, {**optimizer.defaults, **group, **saved_group}, name)
         what = f"a param of shape {tuple(p.shape)}" + (f" ({name})" if name else "")
         st["step"] = _step_count(src.get("step"), what)
-        for name, moment in _MOMENTS:
-            if name + "_codes" in st:
-                if not torch.is_tensor(src.get(name)) or src[name].shape != p.shape:
-                    raise ValueError(f"lbopt: {name} of {what} is missing or of another shape")
-                values = _empty_in_order(p.shape, _state_order(st, p), p.device).copy_(src[name])
+        for moment_name, moment in _MOMENTS:
+            if moment_name + "_codes" in st:
+                if not torch.is_tensor(src.get(moment_name)) or src[moment_name].shape != p.shape:
+                    raise ValueError(f"lbopt: {moment_name} of {what} is missing or of another shape")
+                values = _empty_in_order(p.shape, _state_order(st, p), p.device).copy_(src[moment_name])
                 _abi.check(_abi.lib.lbopt_quantize(KINDS[st["state_kind"]], moment, _view(values).ptr,
-                                                   _state_of(st, name, []), None))
+                                                   _state_of(st, moment_name, []), None))
+        loaded[p] = st
+    optimizer.load_state_dict({"state": {}, "param_groups": saved_groups})  # checks the groups, then sets them
+    for p, st in loaded.items():
         optimizer.state[p] = st
-    optimizer._slots = {}
 
 
 def _state_of(st, name, keep):
