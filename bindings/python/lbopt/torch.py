@@ -12,6 +12,8 @@ import ctypes
 import math
 import numbers
 import operator
+import re
+import sys
 
 import torch
 
@@ -55,6 +57,24 @@ def _view(t):
         raise TypeError(f"lbopt: {t.layout} tensors are not supported; gradients and params must be dense")
     device = _dl_device(t)
     return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), device, (t, t.untyped_storage()))
+
+
+def _local(t, what):
+    """The tensor lbopt steps for t: t itself, or the local shard of a DTensor (FSDP2's fully_shard, tensor
+    parallel). Shard and Replicate placements are served: each rank steps its shard (a replicated param steps
+    identically everywhere). A Partial placement holds unreduced values, which no elementwise step can serve."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)  # loaded iff one can exist
+    if dtensor is None or not isinstance(t, dtensor):
+        return t
+    for placement in t.placements:
+        if not (placement.is_shard() or placement.is_replicate()):
+            raise ValueError(f"lbopt: {what} is a DTensor with a {type(placement).__name__} placement "
+                             f"({placement}); lbopt steps Shard and Replicate placements (reduce it first)")
+    return t._local_tensor
+
+
+def _what(p, name):
+    return f"param {name!r}" if name else f"a param of shape {tuple(p.shape)}"
 
 
 def _param_key(p):
@@ -158,10 +178,10 @@ class _Call:
     """One lbopt_adamw_step of a step(): the slots of one param group, device and state kind."""
 
     def __init__(self, cfg, lr, device, entries, grad_scale, found_inf, read_skipped):
-        self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad it points to)
+        self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad, param's name)
         n = self.n = len(entries)
         self.slots = (_abi.AdamWSlot * n)()
-        for i, (_, ps, _) in enumerate(entries):
+        for i, (_, ps, *_) in enumerate(entries):
             self.slots[i] = ps.slot
         self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)
         self.opts = _abi.StepOptions()
@@ -178,15 +198,22 @@ class _Call:
         self.read_skipped = read_skipped
 
     def validate(self):
-        _abi.check(_abi.lib.lbopt_adamw_step_validate(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
-                                                      ctypes.byref(self.opts)))
+        """The library's verdict on the call, its message naming the param of a refused slot."""
+        try:
+            _abi.check(_abi.lib.lbopt_adamw_step_validate(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
+                                                          ctypes.byref(self.opts)))
+        except _abi.LbOptError as e:
+            slot = re.match(r"slots\[(\d+)\]", str(e))
+            if slot is None:
+                raise
+            raise type(e)(e.status, f"lbopt: {self.entries[int(slot.group(1))][3]}: {e}") from None
 
     def run(self):
         _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
                                              ctypes.byref(self.opts)))
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
         flags = self.skipped.tolist() if self.read_skipped else [0] * self.n
-        for (state, _, _), s in zip(self.entries, flags):
+        for (state, *_), s in zip(self.entries, flags):
             if not s:
                 state["step"] += 1
 
@@ -303,12 +330,15 @@ class LowBitAdamW(torch.optim.Optimizer):
     # ---- state -----------------------------------------------------------------------------------------------
 
     def _init_state(self, p, group, name):
+        """Fresh states of p: the kind decided on the (global) param, the tensors sized for what this process
+        steps (a DTensor's local shard)."""
         kind = self._kind_for(p, group, name)
+        t = _local(p, _what(p, name))
         state = {"step": 0, "state_kind": _KIND_NAMES[kind]}
-        _set_order(state, _dim_order(p))
+        _set_order(state, _dim_order(t))
         names = _MOMENTS if group["amsgrad"] else _MOMENTS[:2]
         for moment, _ in names:
-            state.update(_zero_state(kind, p, moment))
+            state.update(_zero_state(kind, t, moment))
         return state
 
     def _params(self):
@@ -317,19 +347,20 @@ class LowBitAdamW(torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             yield from ((p, group, n) for p, n in zip(group["params"], names))
 
-    def _slot(self, p, state, amsgrad):
+    def _slot(self, p, t, state, amsgrad):
         """The param's slot and the state dict it steps: the cached slot while it is fresh; else a new one, over a
         new state dict where the states had to be re-laid out for a new memory order or gain AMSGrad's vmax
-        (which the caller commits once the step is validated; the old tensors are never written)."""
+        (which the caller commits once the step is validated; the old tensors are never written). t is the tensor
+        stepped for p: p, or its local shard."""
         cached = self._slots.get(id(p))
-        if cached is not None and cached.fresh(p, state, amsgrad):
+        if cached is not None and cached.fresh(t, state, amsgrad):
             return cached, state
-        order = _dim_order(p)
-        if not _follows(p, _state_order(state, p)) and _follows(p, order):
-            state = _relayout(state, p, order)
+        order = _dim_order(t)
+        if not _follows(t, _state_order(state, t)) and _follows(t, order):
+            state = _relayout(state, t, order)
         if amsgrad and "max_exp_avg_sq_codes" not in state:  # amsgrad turned on after the states were made
-            state = {**state, **_zero_state(KINDS[state["state_kind"]], p, "max_exp_avg_sq")}
-        cached = self._slots[id(p)] = _ParamSlot(p, state, amsgrad)
+            state = {**state, **_zero_state(KINDS[state["state_kind"]], t, "max_exp_avg_sq")}
+        cached = self._slots[id(p)] = _ParamSlot(t, state, amsgrad)
         return cached, state
 
     # ---- the step --------------------------------------------------------------------------------------------
@@ -365,17 +396,22 @@ class LowBitAdamW(torch.optim.Optimizer):
         calls = []
         for group in self.param_groups:
             lr = _lr(group)
-            by_call = {}  # (device, kind) -> [(state, slot, grad)]
+            by_call = {}  # (device, kind) -> [(state, slot, grad, what)]
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 if p.grad is None:
                     continue
+                what = _what(p, name)
+                t = _local(p, what)
+                g = _local(p.grad, "the grad of " + what)
+                if g is not p.grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
+                    g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
                 old = self.state.get(p)
-                ps, state = self._slot(p, old or self._init_state(p, group, name), group["amsgrad"])
+                ps, state = self._slot(p, t, old or self._init_state(p, group, name), group["amsgrad"])
                 if state is not old:
                     pending[p] = state
-                grad = ps.set_grad(p.grad, p)
+                grad = ps.set_grad(g, t)
                 ps.slot.step = state["step"] + 1
-                by_call.setdefault(ps.call_key, []).append((state, ps, grad))
+                by_call.setdefault(ps.call_key, []).append((state, ps, grad, what))
             for (device, kind), entries in by_call.items():
                 calls.append(_Call(self._config(group, kind), lr, device, entries, grad_scale, found_inf,
                                    read_skipped))
@@ -412,7 +448,7 @@ class LowBitAdamW(torch.optim.Optimizer):
 
     def _check_loaded(self, p, group, name, st):
         want = self._init_state(p, group, name)
-        what = f"a param of shape {tuple(p.shape)}" + (f" ({name})" if name else "")
+        what = _what(p, name)
         if st.get("state_kind") != want["state_kind"]:
             raise ValueError(f"lbopt: saved state kind {st.get('state_kind')!r} does not match this optimizer's "
                              f"{want['state_kind']!r} for {what}")
@@ -420,7 +456,8 @@ class LowBitAdamW(torch.optim.Optimizer):
             if torch.is_tensor(v) and (k not in st or st[k].shape != v.shape or st[k].dtype != v.dtype):
                 raise ValueError(f"lbopt: saved state {k!r} does not fit {what} with {want['state_kind']} states")
         st["step"] = _step_count(st.get("step"), what)
-        _set_order(st, _check_dim_order(_state_order(st, p), p))
+        t = _local(p, what)
+        _set_order(st, _check_dim_order(_state_order(st, t), t))
 
 
 def _real(x, name):
@@ -509,10 +546,11 @@ def to_torch_adamw_state_dict(optimizer):
         if not st:
             continue
         kind = KINDS[st["state_kind"]]
+        t = _local(p, _what(p, None))
         entry = {"step": torch.tensor(float(st["step"]))}
         for name, moment in _MOMENTS:
             if name + "_codes" in st:
-                dst = _empty_in_order(p.shape, _state_order(st, p), p.device)
+                dst = _empty_in_order(t.shape, _state_order(st, t), t.device)
                 _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(st, name, []), _view(dst).ptr, None))
                 entry[name] = dst
         out[pid] = entry
@@ -532,13 +570,14 @@ def load_torch_adamw_state_dict(optimizer, torch_state_dict):
         if not src:
             continue
         st = optimizer._init_state(p, {**optimizer.defaults, **group, **saved_group}, name)
-        what = f"a param of shape {tuple(p.shape)}" + (f" ({name})" if name else "")
+        what = _what(p, name)
+        t = _local(p, what)
         st["step"] = _step_count(src.get("step"), what)
         for moment_name, moment in _MOMENTS:
             if moment_name + "_codes" in st:
-                if not torch.is_tensor(src.get(moment_name)) or src[moment_name].shape != p.shape:
+                if not torch.is_tensor(src.get(moment_name)) or src[moment_name].shape != t.shape:
                     raise ValueError(f"lbopt: {moment_name} of {what} is missing or of another shape")
-                values = _empty_in_order(p.shape, _state_order(st, p), p.device).copy_(src[moment_name])
+                values = _empty_in_order(t.shape, _state_order(st, t), t.device).copy_(src[moment_name])
                 _abi.check(_abi.lib.lbopt_quantize(KINDS[st["state_kind"]], moment, _view(values).ptr,
                                                    _state_of(st, moment_name, []), None))
         loaded[p] = st

@@ -1,0 +1,212 @@
+"""What each rank runs in tests/python/test_distributed.py: torch.distributed on gloo, spawned processes on this
+machine (loopback only). run(case, world, ...) spawns `world` ranks of case(rank, world, out_dir, *args); each
+rank writes its results with torch.save to out_dir/<rank>.pt, which run() returns as a list."""
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import lbopt.torch as LT
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, case, out_dir, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.save(case(rank, world, *args), os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run(case, world, out_dir, *args):
+    out_dir = str(out_dir)
+    mp.spawn(_entry, args=(world, _free_port(), case, out_dir, args), nprocs=world)
+    return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def mesh(world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world,))
+
+
+# ---- the test model: a small transformer-like stack whose matrices exceed min_quant_size ---------------------
+
+# HIDDEN = 100: the MLP matrices' 1600-element shards on 2 ranks cut a block; ALIGNED_HIDDEN = 128: every
+# quantized shard holds whole blocks of 256
+VOCAB, DIM, HIDDEN, ALIGNED_HIDDEN, SEQ, BATCH = 64, 32, 100, 128, 16, 32
+
+
+class Block(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.attn = nn.Linear(DIM, DIM)
+        self.up = nn.Linear(DIM, hidden)
+        self.down = nn.Linear(hidden, DIM)
+
+    def forward(self, x):
+        h = self.norm(x)
+        w = torch.softmax(h @ self.attn(h).transpose(1, 2) / DIM ** 0.5, dim=-1)
+        x = x + w @ h
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList([Block(hidden), Block(hidden)])
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def make_model(shard_world=None, hidden=HIDDEN):
+    torch.manual_seed(0)
+    model = TinyLM(hidden)
+    if shard_world:
+        from torch.distributed.fsdp import fully_shard
+
+        m = mesh(shard_world)
+        for b in model.blocks:
+            fully_shard(b, mesh=m)
+        fully_shard(model, mesh=m)
+    return model
+
+
+def batch(step):
+    """Sequences that follow a rule (next = 5 * token + 3 mod VOCAB) 70% of the time, else a random token: a loss
+    the model lowers from ln 64 = 4.2 towards the noise floor of about 1.8, never near 0, where relative
+    differences would mean nothing."""
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = [torch.randint(0, VOCAB, (BATCH,), generator=g)]
+    for _ in range(SEQ):
+        noise = torch.randint(0, VOCAB, (BATCH,), generator=g)
+        ids.append(torch.where(torch.rand(BATCH, generator=g) < 0.7, (5 * ids[-1] + 3) % VOCAB, noise))
+    ids = torch.stack(ids, 1)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def make_opt(model, kind):
+    # min_quant_size 1024: the 100x32 and 32x100 matrices (3200 elements; 1600 per shard on 2 ranks, which cuts
+    # a block) and the embedding and head (2048) are quantized, norms and biases keep fp32 states
+    opt = LT.LowBitAdamW(model.parameters(), lr=2e-3, state_kind=kind, min_quant_size=1024)
+    return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, 200)
+
+
+def train(model, opt, sched, steps, start=0):
+    losses, times = [], []
+    for step in range(start, start + steps):
+        x, y = batch(step)
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        t = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t)
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, times
+
+
+def full_params(model):
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
+
+
+def kinds_of(opt, model):
+    return {n: opt.state[p]["state_kind"] for n, p in model.named_parameters() if p in opt.state}
+
+
+# ---- cases -----------------------------------------------------------------------------------------------------
+
+def fsdp_train(rank, world, kinds, steps, hidden=HIDDEN):
+    """Every rank sees the same batches, so the averaged gradients equal one process's exactly."""
+    out = {}
+    for kind in kinds:
+        model = make_model(world, hidden)
+        opt, sched = make_opt(model, kind)
+        losses, times = train(model, opt, sched, steps)
+        local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
+        out[kind] = {"losses": losses, "params": full_params(model), "kinds": kinds_of(opt, model),
+                     "local_shapes": local, "step_time": sorted(times)[len(times) // 2]}
+    return out
+
+
+def eligibility_and_empty_shard(rank, world):
+    """A param of 5120 elements (above min_quant_size 4096) whose shards have 2560, and a [1, 5000] param whose
+    second shard is empty."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.ParameterDict({"wide": nn.Parameter(torch.randn(40, 128)), "one_row": nn.Parameter(torch.randn(1, 5000))})
+    fully_shard(model, mesh=mesh(world))
+    opt = LT.AdamW4bit(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        (model["wide"].sum() * 0 + (model["wide"] ** 2).sum() + (model["one_row"] ** 2).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+    return {"kinds": kinds_of(opt, model), "params": full_params(model),
+            "local_numel": {n: p.to_local().numel() for n, p in model.named_parameters()},
+            "codes_numel": {n: opt.state[p]["exp_avg_codes"].numel() for n, p in model.named_parameters()}}
+
+
+def refused_dtensors(rank, world):
+    """A Partial param and a param whose local shard is not dense: each refused with a message naming it, and
+    the good param in the same group is left untouched."""
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    m = mesh(world)
+    torch.manual_seed(rank)
+    good = nn.Parameter(DTensor.from_local(torch.randn(50, 100), m, [Shard(0)]))
+    partial = nn.Parameter(DTensor.from_local(torch.randn(100), m, [Partial()]))
+    gapped = nn.Parameter(DTensor.from_local(torch.randn(20, 80)[:, ::2], m, [Shard(0)], run_check=False))
+    out = {}
+    for name, bad in (("partial", partial), ("gapped", gapped)):
+        opt = LT.AdamW4bit([("good", good), (name, bad)], lr=1e-2)
+        for p in (good, bad):
+            p.grad = DTensor.from_local(torch.ones_like(p.to_local()), m, p.placements, run_check=False)
+        before = good.to_local().clone()
+        try:
+            opt.step()
+            out[name] = None
+        except Exception as e:
+            out[name] = (type(e).__name__, str(e))
+        out[name + "_untouched"] = torch.equal(good.to_local(), before) and not opt.state
+    return out
+
+
+def tensor_parallel(rank, world):
+    """Column-sharded (Shard(1)) weight and a replicated bias stepped with fp32 states: the full weight equals
+    one process's step of the plain tensors bit for bit."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    m = mesh(world)
+    torch.manual_seed(0)
+    w0, b0 = torch.randn(64, 96), torch.randn(96)
+    grads = [(torch.randn(64, 96), torch.randn(96)) for _ in range(4)]
+    w = nn.Parameter(distribute_tensor(w0.clone(), m, [Shard(1)]))  # distribute_tensor may keep the memory
+    b = nn.Parameter(distribute_tensor(b0.clone(), m, [Replicate()]))
+    opt = LT.AdamW([w, b], lr=1e-2)
+    for gw, gb in grads:
+        w.grad = distribute_tensor(gw.clone(), m, [Shard(1)])
+        b.grad = distribute_tensor(gb.clone(), m, [Replicate()])
+        opt.step()
+    return {"w": w.full_tensor(), "b": b.full_tensor(), "w0": w0, "b0": b0, "grads": grads,
+            "local_w": tuple(w.to_local().shape)}
