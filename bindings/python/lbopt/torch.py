@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from . import _abi
+from . import _abi, _import
 from ._dlpack import View
 from .functional import KINDS, kind_id
 
@@ -437,14 +437,50 @@ class LowBitAdamW(torch.optim.Optimizer):
             self._validate_group(merged)
             names = group.get("param_names") or [None] * len(group["params"])
             for pid, p, name in zip(saved_group["params"], group["params"], names):
-                if pid in saved:
-                    st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
-                    self._check_loaded(p, merged, name, st)
-                    loaded[p] = st
+                if pid not in saved:
+                    continue
+                if _import.is_foreign(saved[pid]):
+                    loaded[p] = self._convert_foreign(p, merged, name, saved[pid])
+                    continue
+                st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
+                self._check_loaded(p, merged, name, st)
+                loaded[p] = st
         super().load_state_dict({"state": {}, "param_groups": groups})
         for p, st in loaded.items():
             self.state[p] = st
         self._slots = {}
+
+    def _convert_foreign(self, p, group, name, entry):
+        """The lbopt state of p from another optimizer's saved entry (see lbopt._import), in this optimizer's kind
+        for p. When every moment is already in that kind's format its codes are copied as they are (in the
+        row-major order the other libraries keep; the first step re-lays them out if p is not row-major);
+        otherwise every moment is decoded and encoded in p's memory order."""
+        what = _what(p, name)
+        t = _local(p, what)
+        st = self._init_state(p, group, name)
+        kind = KINDS[st["state_kind"]]
+        sources, step = _import.moments(entry, what)
+        st["step"] = _step_count(step, what)
+        needed = [(n, m) for n, m in _MOMENTS if n + "_codes" in st]
+        for moment_name, _ in needed:
+            if moment_name not in sources:
+                raise ValueError(f"lbopt: the saved state of {what} has no {moment_name}")
+        if all(_import.copyable(sources[n], kind, m == _abi.MOMENT_SECOND, t.numel()) for n, m in needed):
+            _set_order(st, tuple(range(t.dim())))
+            for moment_name, _ in needed:
+                st[moment_name + "_codes"] = sources[moment_name][2].reshape(-1).to(t.device, torch.uint8, copy=True)
+                st[moment_name + "_scales"] = sources[moment_name][3].reshape(-1).to(t.device, torch.float32,
+                                                                                     copy=True)
+            return st
+        for moment_name, moment in needed:
+            values = _import.decode(sources[moment_name], t.numel(), what, moment_name).to(t.device)
+            dst = _empty_in_order(t.shape, _state_order(st, t), t.device).copy_(values.view(t.shape))
+            try:
+                _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(dst).ptr, _state_of(st, moment_name, []),
+                                                   None))
+            except _abi.LbOptError as e:
+                raise type(e)(e.status, f"lbopt: {moment_name} of {what}: {e}") from None
+        return st
 
     def _check_loaded(self, p, group, name, st):
         want = self._init_state(p, group, name)
@@ -558,32 +594,9 @@ def to_torch_adamw_state_dict(optimizer):
 
 
 def load_torch_adamw_state_dict(optimizer, torch_state_dict):
-    """Loads a torch.optim.AdamW (or Adam) state_dict, quantizing its moments into this optimizer's states, laid
-    out in each param's memory order. Every state is converted before the optimizer changes: a state dict that
-    does not fit (groups of other sizes, a moment of another shape, a bad step) is refused and nothing changes."""
-    saved_groups = torch_state_dict["param_groups"]
-    ids = [i for g in saved_groups for i in g["params"]]
-    groups = [g for g in saved_groups for _ in g["params"]]
-    loaded = {}
-    for pid, saved_group, (p, group, name) in zip(ids, groups, optimizer._params()):
-        src = torch_state_dict["state"].get(pid)
-        if not src:
-            continue
-        st = optimizer._init_state(p, {**optimizer.defaults, **group, **saved_group}, name)
-        what = _what(p, name)
-        t = _local(p, what)
-        st["step"] = _step_count(src.get("step"), what)
-        for moment_name, moment in _MOMENTS:
-            if moment_name + "_codes" in st:
-                if not torch.is_tensor(src.get(moment_name)) or src[moment_name].shape != t.shape:
-                    raise ValueError(f"lbopt: {moment_name} of {what} is missing or of another shape")
-                values = _empty_in_order(t.shape, _state_order(st, t), t.device).copy_(src[moment_name])
-                _abi.check(_abi.lib.lbopt_quantize(KINDS[st["state_kind"]], moment, _view(values).ptr,
-                                                   _state_of(st, moment_name, []), None))
-        loaded[p] = st
-    optimizer.load_state_dict({"state": {}, "param_groups": saved_groups})  # checks the groups, then sets them
-    for p, st in loaded.items():
-        optimizer.state[p] = st
+    """Loads a torch.optim.AdamW (or Adam) state_dict, quantizing its moments into this optimizer's states:
+    optimizer.load_state_dict does it (it reads torchao's and bitsandbytes' states too)."""
+    optimizer.load_state_dict(torch_state_dict)
 
 
 def _state_of(st, name, keep):
