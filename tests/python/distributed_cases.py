@@ -1,6 +1,7 @@
 """What each rank runs in tests/python/test_distributed.py: torch.distributed on gloo, spawned processes on this
 machine (loopback only). run(case, world, ...) spawns `world` ranks of case(rank, world, out_dir, *args); each
 rank writes its results with torch.save to out_dir/<rank>.pt, which run() returns as a list."""
+import math
 import os
 import socket
 import time
@@ -106,20 +107,22 @@ def batch(step):
 def make_opt(model, kind):
     # min_quant_size 1024: the 100x32 and 32x100 matrices (3200 elements; 1600 per shard on 2 ranks, which cuts
     # a block) and the embedding and head (2048) are quantized, norms and biases keep fp32 states
-    opt = LT.LowBitAdamW(model.parameters(), lr=2e-3, state_kind=kind, min_quant_size=1024)
-    return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, 200)
+    return LT.LowBitAdamW(model.parameters(), lr=2e-3, state_kind=kind, min_quant_size=1024)
 
 
-def train(model, opt, sched, steps, start=0):
+def train(model, opt, steps, start=0):
+    """steps steps from step `start` with a cosine lr computed from the step, so a resumed run needs no
+    scheduler state."""
     losses, times = [], []
     for step in range(start, start + steps):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * (1 + math.cos(math.pi * step / 200))
         x, y = batch(step)
         loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
         t = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t)
-        sched.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses, times
@@ -141,8 +144,8 @@ def fsdp_train(rank, world, kinds, steps, hidden=HIDDEN):
     out = {}
     for kind in kinds:
         model = make_model(world, hidden)
-        opt, sched = make_opt(model, kind)
-        losses, times = train(model, opt, sched, steps)
+        opt = make_opt(model, kind)
+        losses, times = train(model, opt, steps)
         local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
         out[kind] = {"losses": losses, "params": full_params(model), "kinds": kinds_of(opt, model),
                      "local_shapes": local, "step_time": sorted(times)[len(times) // 2]}
@@ -189,6 +192,18 @@ def refused_dtensors(rank, world):
         except Exception as e:
             out[name] = (type(e).__name__, str(e))
         out[name + "_untouched"] = torch.equal(good.to_local(), before) and not opt.state
+    # a sharded checkpoint of a [100, 100] param offered to a [44, 100] one (both 4-bit)
+    opt = LT.AdamW4bit([("good", good)], lr=1e-2)
+    good.grad = DTensor.from_local(torch.ones_like(good.to_local()), m, good.placements, run_check=False)
+    opt.step()
+    other = nn.Parameter(DTensor.from_local(torch.randn(22, 100), m, [Shard(0)]))
+    other_opt = LT.AdamW4bit([("other", other)], lr=1e-2)
+    try:
+        other_opt.load_state_dict(opt.state_dict())
+        out["reshaped"] = None
+    except Exception as e:
+        out["reshaped"] = (type(e).__name__, str(e))
+    out["reshaped_untouched"] = not other_opt.state
     return out
 
 
@@ -210,3 +225,41 @@ def tensor_parallel(rank, world):
         opt.step()
     return {"w": w.full_tensor(), "b": b.full_tensor(), "w0": w0, "b0": b0, "grads": grads,
             "local_w": tuple(w.to_local().shape)}
+
+
+def dcp_save(rank, world, kinds, path, steps, more):
+    """Per kind: train `steps`, save model and optimizer with DCP under path/<kind>, then train `more` without
+    the save (the reference a resumed run must reproduce)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    out = {}
+    for kind in kinds:
+        model = make_model(world)
+        opt = make_opt(model, kind)
+        train(model, opt, steps)
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, kind))
+        losses, _ = train(model, opt, more, start=steps)
+        out[kind] = {"losses": losses, "params": full_params(model)}
+    return out
+
+
+def dcp_load(rank, world, kinds, path, steps, more):
+    """Per kind: a fresh model and optimizer on this mesh, loaded from path/<kind>, trained `more` from step
+    `steps`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    out = {}
+    for kind in kinds:
+        model = make_model(world)
+        opt = make_opt(model, kind)
+        model_sd, optim_sd = get_state_dict(model, opt)  # the template, on this mesh
+        sd = {"model": model_sd, "optim": optim_sd}
+        dcp.load(sd, checkpoint_id=os.path.join(path, kind))
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        steps_loaded = {opt.state[p]["step"] for p in model.parameters()}
+        losses, _ = train(model, opt, more, start=steps)
+        out[kind] = {"losses": losses, "params": full_params(model), "steps": steps_loaded}
+    return out

@@ -13,11 +13,10 @@ import math
 import numbers
 import operator
 import re
-import sys
 
 import torch
 
-from . import _abi, _import
+from . import _abi, _import, _sharded
 from ._dlpack import View
 from .functional import KINDS, kind_id
 
@@ -63,8 +62,7 @@ def _local(t, what):
     """The tensor lbopt steps for t: t itself, or the local shard of a DTensor (FSDP2's fully_shard, tensor
     parallel). Shard and Replicate placements are served: each rank steps its shard (a replicated param steps
     identically everywhere). A Partial placement holds unreduced values, which no elementwise step can serve."""
-    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)  # loaded iff one can exist
-    if dtensor is None or not isinstance(t, dtensor):
+    if not _sharded.is_dtensor(t):
         return t
     for placement in t.placements:
         if not (placement.is_shard() or placement.is_replicate()):
@@ -439,6 +437,9 @@ class LowBitAdamW(torch.optim.Optimizer):
             for pid, p, name in zip(saved_group["params"], group["params"], names):
                 if pid not in saved:
                     continue
+                if _sharded.is_checkpoint(saved[pid]):
+                    loaded[p] = self._convert_sharded(p, merged, name, saved[pid])
+                    continue
                 if _import.is_foreign(saved[pid]):
                     loaded[p] = self._convert_foreign(p, merged, name, saved[pid])
                     continue
@@ -449,6 +450,35 @@ class LowBitAdamW(torch.optim.Optimizer):
         for p, st in loaded.items():
             self.state[p] = st
         self._slots = {}
+
+    def state_dict(self):
+        """torch.optim.Optimizer's state_dict; the states of DTensor params in their sharded checkpoint form
+        (lbopt._sharded), which torch.distributed.checkpoint saves per rank and reshards at load."""
+        sd = super().state_dict()
+        for pid, (p, _, name) in enumerate(self._params()):
+            if pid in sd["state"] and _sharded.is_dtensor(p):
+                what = _what(p, name)
+                sd["state"][pid] = _sharded.to_checkpoint(sd["state"][pid], p, _local(p, what), what,
+                                                          [n for n, _ in _MOMENTS])
+        return sd
+
+    def _convert_sharded(self, p, group, name, entry):
+        """The local state of DTensor param p from its sharded checkpoint form, re-blocked where the checkpoint
+        was cut differently."""
+        what = _what(p, name)
+        t = _local(p, what)
+        st = self._init_state(p, group, name)
+        if entry.get("state_kind") != st["state_kind"]:
+            raise ValueError(f"lbopt: saved state kind {entry.get('state_kind')!r} does not match this optimizer's "
+                             f"{st['state_kind']!r} for {what}")
+        st["step"] = _step_count(entry.get("step"), what)
+        _set_order(st, tuple(range(t.dim())))
+        kind = KINDS[st["state_kind"]]
+        for moment_name, moment, values in _sharded.from_checkpoint(entry, p, t, st, what, _MOMENTS,
+                                                                    _import.codebook):
+            dst = values.contiguous()
+            _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(dst).ptr, _state_of(st, moment_name, []), None))
+        return st
 
     def _convert_foreign(self, p, group, name, entry):
         """The lbopt state of p from another optimizer's saved entry (see lbopt._import), in this optimizer's kind
