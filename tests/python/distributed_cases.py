@@ -223,8 +223,18 @@ def tensor_parallel(rank, world):
         w.grad = distribute_tensor(gw.clone(), m, [Shard(1)])
         b.grad = distribute_tensor(gb.clone(), m, [Replicate()])
         opt.step()
+    # 4-bit states step a column shard too; their sharded checkpoint needs dim-0 sharding, so state_dict() refuses
+    q = nn.Parameter(distribute_tensor(torch.randn(64, 96), m, [Shard(1)]))
+    q.grad = distribute_tensor(torch.randn(64, 96), m, [Shard(1)])
+    qopt = LT.AdamW4bit([("q", q)], lr=1e-2)
+    qopt.step()
+    try:
+        qopt.state_dict()
+        refused = None
+    except ValueError as e:
+        refused = str(e)
     return {"w": w.full_tensor(), "b": b.full_tensor(), "w0": w0, "b0": b0, "grads": grads,
-            "local_w": tuple(w.to_local().shape)}
+            "local_w": tuple(w.to_local().shape), "q_kind": qopt.state[q]["state_kind"], "q_refused": refused}
 
 
 def dcp_save(rank, world, kinds, path, steps, more):

@@ -113,6 +113,7 @@ def test_tensor_parallel_fp32_states_match_one_process(tmp_path):
         w.grad, b.grad = gw, gb
         opt.step()
     assert r["local_w"] == (64, 48)
+    assert r["q_kind"] == "4bit" and "param 'q'" in r["q_refused"] and "needs dim-0 sharding" in r["q_refused"]
     for rank in ranks:
         assert torch.equal(rank["w"], w.detach()) and torch.equal(rank["b"], b.detach())
 
