@@ -473,11 +473,9 @@ class LowBitAdamW(torch.optim.Optimizer):
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
-        kind = KINDS[st["state_kind"]]
         for moment_name, moment, values in _sharded.from_checkpoint(entry, p, t, st, what, _MOMENTS,
                                                                     _import.codebook):
-            dst = values.contiguous()
-            _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(dst).ptr, _state_of(st, moment_name, []), None))
+            _encode(st, moment_name, moment, values.contiguous(), what)
         return st
 
     def _convert_foreign(self, p, group, name, entry):
@@ -504,12 +502,8 @@ class LowBitAdamW(torch.optim.Optimizer):
             return st
         for moment_name, moment in needed:
             values = _import.decode(sources[moment_name], t.numel(), what, moment_name).to(t.device)
-            dst = _empty_in_order(t.shape, _state_order(st, t), t.device).copy_(values.view(t.shape))
-            try:
-                _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(dst).ptr, _state_of(st, moment_name, []),
-                                                   None))
-            except _abi.LbOptError as e:
-                raise type(e)(e.status, f"lbopt: {moment_name} of {what}: {e}") from None
+            _encode(st, moment_name, moment, _empty_in_order(t.shape, _state_order(st, t), t.device).copy_(
+                values.view(t.shape)), what)
         return st
 
     def _check_loaded(self, p, group, name, st):
@@ -552,6 +546,16 @@ def _step_count(step, what):
     return int(value)
 
 
+def _encode(state, moment_name, moment, values, what):
+    """Quantize float32 values (any dense layout, read in memory order) into one moment of state; a refusal
+    (NaN, Inf, a negative second moment) names the param."""
+    try:
+        _abi.check(_abi.lib.lbopt_quantize(KINDS[state["state_kind"]], moment, _view(values).ptr,
+                                           _state_of(state, moment_name, []), None))
+    except _abi.LbOptError as e:
+        raise type(e)(e.status, f"lbopt: {moment_name} of {what}: {e}") from None
+
+
 def _zero_state(kind, p, moment):
     """The fresh (all-zero) tensors of one moment of p's state: {name_codes, name_scales}."""
     lay = _abi.layout(kind, p.numel())
@@ -572,10 +576,8 @@ def _relayout(state, p, order):
         if name + "_codes" in state:
             old = _empty_in_order(p.shape, _state_order(state, p), p.device)
             _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), _view(old).ptr, None))
-            new = _empty_in_order(p.shape, order, p.device).copy_(old)
-            fresh = _zero_state(kind, p, name)
-            _abi.check(_abi.lib.lbopt_quantize(kind, moment, _view(new).ptr, _state_of(fresh, name, []), None))
-            out.update(fresh)
+            out.update(_zero_state(kind, p, name))
+            _encode(out, name, moment, _empty_in_order(p.shape, order, p.device).copy_(old), _what(p, None))
     _set_order(out, order)
     return out
 
