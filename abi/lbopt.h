@@ -236,6 +236,7 @@ typedef enum lbopt_attr_type {
 #define LBOPT_DTYPE_FLOAT16 0x4u
 #define LBOPT_DTYPE_UINT8 0x8u
 #define LBOPT_DTYPE_INT64 0x10u
+#define LBOPT_DTYPE_FLOAT64 0x20u /* since 0.2 */
 
 typedef struct lbopt_tensor_arg {
   const char* name;

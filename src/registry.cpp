@@ -24,6 +24,17 @@ const lbopt_tensor_arg kStepTensors[] = {
     {"skipped", LBOPT_ROLE_OUT, LBOPT_DTYPE_UINT8, 1, "[1]: 1 when the step was skipped"},
 };
 
+// The tensor-lr step: lr and step are scalar tensors read when the step runs, so a compiled or captured program
+// (torch.compile, CUDA graphs, jax.jit) that calls it keeps one lr-independent form.
+const lbopt_tensor_arg kCapturableTensors[] = {
+    kStepTensors[0], kStepTensors[1], kStepTensors[2], kStepTensors[3], kStepTensors[4], kStepTensors[5],
+    kStepTensors[6], kStepTensors[7],
+    {"lr", LBOPT_ROLE_IN, LBOPT_DTYPE_FLOAT32 | LBOPT_DTYPE_FLOAT64, 0, "one element, on the param's device"},
+    {"step", LBOPT_ROLE_IN, LBOPT_DTYPE_INT64 | LBOPT_DTYPE_FLOAT32, 0, "one element: the step this call makes"},
+    kStepTensors[8],
+};
+
+// Step attributes: lr and step by value, then the hyper-parameters that the tensor-lr step shares.
 const lbopt_attr_arg kStepAttrs[] = {
     {"lr", LBOPT_ATTR_DOUBLE, 1, 0.0, 0, nullptr},
     {"step", LBOPT_ATTR_INT64, 1, 0.0, 0, nullptr},
@@ -66,7 +77,13 @@ const lbopt_attr_arg kSizedAttrs[] = {
     {"numel", LBOPT_ATTR_INT64, 1, 0.0, 0, nullptr},
 };
 
-enum OpId { kStep4, kStep8, kStepFp8, kStepFp32, kQuantize, kDequantize, kStateInit, kStateLayout, kOpCount };
+const lbopt_attr_arg* const kHyperAttrs = kStepAttrs + 2;
+constexpr size_t kNumHyperAttrs = sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) - 2;
+
+enum OpId {
+  kStep4, kStep8, kStepFp8, kStepFp32, kQuantize, kDequantize, kStateInit, kStateLayout,
+  kCapturable4, kCapturable8, kCapturableFp8, kCapturableFp32, kOpCount
+};
 
 #define LBOPT_ARRAY(a) sizeof(a) / sizeof((a)[0]), a
 const lbopt_op_info kOps[kOpCount] = {
@@ -86,6 +103,18 @@ const lbopt_op_info kOps[kOpCount] = {
      LBOPT_ARRAY(kSizedAttrs)},
     {sizeof(lbopt_op_info), "lbopt.state_layout", 1, "sizes of one state of numel elements",
      LBOPT_ARRAY(kLayoutTensors), LBOPT_ARRAY(kSizedAttrs)},
+    {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.4bit", 1,
+     "Fused AdamW/Adam step, 4-bit states, lr and step read from scalar tensors", LBOPT_ARRAY(kCapturableTensors),
+     kNumHyperAttrs, kHyperAttrs},
+    {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.8bit", 1,
+     "Fused AdamW/Adam step, 8-bit states, lr and step read from scalar tensors", LBOPT_ARRAY(kCapturableTensors),
+     kNumHyperAttrs, kHyperAttrs},
+    {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.fp8", 1,
+     "Fused AdamW/Adam step, float8 e4m3 states, lr and step read from scalar tensors",
+     LBOPT_ARRAY(kCapturableTensors), kNumHyperAttrs, kHyperAttrs},
+    {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.fp32", 1,
+     "Fused AdamW/Adam step, fp32 states, lr and step read from scalar tensors", LBOPT_ARRAY(kCapturableTensors),
+     kNumHyperAttrs, kHyperAttrs},
 };
 #undef LBOPT_ARRAY
 
@@ -149,34 +178,51 @@ lbopt_status moment_of(const char* s, lbopt_moment* out) {
   return LBOPT_OK;
 }
 
-lbopt_status invoke_step(lbopt_state_kind kind, const DLTensor* const* t, const Attrs& a, void* stream) {
+// An attribute of a resolved invoke, by name (every name asked for is in the op's schema).
+const lbopt_attr& attr(const lbopt_op_info& op, const Attrs& a, const char* name) {
+  size_t k = 0;
+  while (strcmp(op.attrs[k].name, name) != 0) ++k;
+  return a[k];
+}
+
+// lr_t / step_t: the tensor-lr step's scalars (NULL for the by-value step, which reads the attributes).
+lbopt_status invoke_step(const lbopt_op_info& op, lbopt_state_kind kind, const DLTensor* const* t, const Attrs& a,
+                         const DLTensor* lr_t, const DLTensor* step_t, const DLTensor* skipped, void* stream) {
   lbopt_adamw_config cfg;
   LBOPT_TRY(lbopt_adamw_config_init(&cfg, sizeof cfg));
   cfg.state_kind = kind;
-  cfg.beta1 = a[2].f;
-  cfg.beta2 = a[3].f;
-  cfg.eps = a[4].f;
-  cfg.weight_decay = a[5].f;
-  cfg.flags = (a[6].i ? LBOPT_FLAG_ADAM_COUPLED_DECAY : 0u) | (a[7].i ? LBOPT_FLAG_AMSGRAD : 0u) |
-              (a[8].i ? LBOPT_FLAG_MAXIMIZE : 0u) | (a[9].i ? LBOPT_FLAG_BF16_STOCHASTIC_ROUND : 0u) |
-              (a[10].i ? LBOPT_FLAG_SKIP_NONFINITE : 0u);
-  cfg.seed = uint64_t(a[11].i);
-  const lbopt_adamw_slot slot{sizeof slot, t[0], t[1], {t[2], t[3]}, {t[4], t[5]}, {t[6], t[7]}, a[1].i};
+  cfg.beta1 = attr(op, a, "beta1").f;
+  cfg.beta2 = attr(op, a, "beta2").f;
+  cfg.eps = attr(op, a, "eps").f;
+  cfg.weight_decay = attr(op, a, "weight_decay").f;
+  cfg.flags = (attr(op, a, "adam").i ? LBOPT_FLAG_ADAM_COUPLED_DECAY : 0u) |
+              (attr(op, a, "amsgrad").i ? LBOPT_FLAG_AMSGRAD : 0u) | (attr(op, a, "maximize").i ? LBOPT_FLAG_MAXIMIZE : 0u) |
+              (attr(op, a, "bf16_stochastic_round").i ? LBOPT_FLAG_BF16_STOCHASTIC_ROUND : 0u) |
+              (attr(op, a, "skip_nonfinite").i ? LBOPT_FLAG_SKIP_NONFINITE : 0u);
+  cfg.seed = uint64_t(attr(op, a, "seed").i);
+  const int64_t step = lr_t ? 1 : attr(op, a, "step").i;  // the capturable step ignores the slot's
+  const lbopt_adamw_slot slot{sizeof slot, t[0], t[1], {t[2], t[3]}, {t[4], t[5]}, {t[6], t[7]}, step};
   lbopt_step_options opts;
   LBOPT_TRY(lbopt_step_options_init(&opts, sizeof opts));
-  opts.skipped = t[8];
+  opts.skipped = skipped;
   opts.stream = stream;
-  return lbopt_adamw_step(&cfg, a[0].f, &slot, 1, &opts);
+  if (lr_t) return lbopt_adamw_step_capturable(&cfg, lr_t, step_t, &slot, 1, &opts);
+  return lbopt_adamw_step(&cfg, attr(op, a, "lr").f, &slot, 1, &opts);
 }
 
-lbopt_status invoke(OpId id, const DLTensor* const* t, const Attrs& a, void* stream) {
+lbopt_status invoke(OpId id, const lbopt_op_info& op, const DLTensor* const* t, const Attrs& a, void* stream) {
   lbopt_state_kind kind = LBOPT_STATE_4BIT;
   lbopt_moment moment = LBOPT_MOMENT_FIRST;
   switch (id) {
     case kStep4:
     case kStep8:
     case kStepFp8:
-    case kStepFp32: return invoke_step(lbopt_state_kind(id - kStep4), t, a, stream);
+    case kStepFp32: return invoke_step(op, lbopt_state_kind(id - kStep4), t, a, nullptr, nullptr, t[8], stream);
+    case kCapturable4:
+    case kCapturable8:
+    case kCapturableFp8:
+    case kCapturableFp32:
+      return invoke_step(op, lbopt_state_kind(id - kCapturable4), t, a, t[8], t[9], t[10], stream);
     case kQuantize:
       LBOPT_TRY(kind_of(a[0].s, &kind));
       LBOPT_TRY(moment_of(a[1].s, &moment));
@@ -241,5 +287,5 @@ extern "C" lbopt_status lbopt_op_invoke(const lbopt_op_info* op, const DLTensor*
                   op->name);
   Attrs values;
   LBOPT_TRY(resolve(*op, attrs, n_attrs, &values));
-  return invoke(OpId(id), tensors, values, stream);
+  return invoke(OpId(id), *op, tensors, values, stream);
 }

@@ -36,7 +36,7 @@ const char* kind_op(int k) {
 TEST_SUITE("operator registry") {
   TEST_CASE("schemas: unique names, found by name, well-formed arguments") {
     std::set<std::string> names;
-    REQUIRE(lbopt_op_count() == 8);
+    REQUIRE(lbopt_op_count() == 12);
     for (size_t i = 0; i < lbopt_op_count(); ++i) {
       const lbopt_op_info* op = lbopt_op_schema(i);
       REQUIRE(op);
@@ -73,6 +73,41 @@ TEST_SUITE("operator registry") {
         REQUIRE_MESSAGE(lbopt_op_invoke(op, t.data(), t.size(), attrs, 6, nullptr) == LBOPT_OK, lbopt_last_error());
         CHECK(a.digest() == c.digest());
       }
+    }
+  }
+
+  TEST_CASE("the tensor-lr step operators equal the by-value step, reading lr and step when they run") {
+    static const char* ops[] = {"lbopt.adamw_step_capturable.4bit", "lbopt.adamw_step_capturable.8bit",
+                                "lbopt.adamw_step_capturable.fp8", "lbopt.adamw_step_capturable.fp32"};
+    for (int kind = 0; kind < 4; ++kind) {
+      CAPTURE(kind);
+      Model a(lbopt_state_kind(kind), 1001), c(lbopt_state_kind(kind), 1001);
+      lbopt_adamw_config cfg;
+      lbopt_adamw_config_init(&cfg, sizeof cfg);
+      cfg.state_kind = lbopt_state_kind(kind);
+      cfg.flags = LBOPT_FLAG_AMSGRAD;
+      cfg.weight_decay = 0.1;
+      const lbopt_op_info* op = lbopt_op_find(ops[kind]);
+      REQUIRE(op);
+      REQUIRE(op->n_tensors == 11);
+      CHECK(op->n_attrs == 10);  // the step's attributes but lr and step
+      Buffer lr(DLDataType{kDLFloat, 64, 1}, {1}), step(DLDataType{kDLInt, 64, 1}, {1});
+      for (int64_t s = 1; s <= 3; ++s) {
+        lr.as<double>()[0] = 1e-3 * double(s);  // written into the tensor, as a compiled program would
+        step.as<int64_t>()[0] = s;
+        const lbopt_adamw_slot slot = a.slot(s, true);
+        REQUIRE(lbopt_adamw_step(&cfg, 1e-3 * double(s), &slot, 1, nullptr) == LBOPT_OK);
+        const lbopt_attr attrs[] = {b("amsgrad", true), f("weight_decay", 0.1)};
+        auto t = c.tensors(true);
+        t.insert(t.begin() + 8, {&lr.t, &step.t});
+        REQUIRE_MESSAGE(lbopt_op_invoke(op, t.data(), t.size(), attrs, 2, nullptr) == LBOPT_OK, lbopt_last_error());
+        CHECK(a.digest() == c.digest());
+      }
+      const lbopt_attr by_value[] = {f("lr", 1e-3)};
+      auto t = c.tensors(true);
+      t.insert(t.begin() + 8, {&lr.t, &step.t});
+      CHECK(lbopt_op_invoke(op, t.data(), t.size(), by_value, 1, nullptr) == LBOPT_ERR_INVALID_VALUE);
+      CHECK(std::string(lbopt_last_error()).find("unknown attribute 'lr'") != std::string::npos);
     }
   }
 

@@ -119,6 +119,33 @@ class StepOptions(ctypes.Structure):
     ]
 
 
+# ---- the operator registry ---------------------------------------------------------------------------------
+ROLE_IN, ROLE_OUT, ROLE_INOUT = 0, 1, 2
+ATTR_DOUBLE, ATTR_INT64, ATTR_BOOL, ATTR_STRING = 0, 1, 2, 3
+
+
+class TensorArg(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("role", ctypes.c_int32), ("dtypes", ctypes.c_uint32),
+                ("optional", ctypes.c_int32), ("shape", ctypes.c_char_p)]
+
+
+class AttrArg(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int32), ("required", ctypes.c_int32),
+                ("default_double", ctypes.c_double), ("default_int", ctypes.c_int64),
+                ("default_string", ctypes.c_char_p)]
+
+
+class OpInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("version", ctypes.c_int32),
+                ("doc", ctypes.c_char_p), ("n_tensors", ctypes.c_size_t), ("tensors", ctypes.POINTER(TensorArg)),
+                ("n_attrs", ctypes.c_size_t), ("attrs", ctypes.POINTER(AttrArg))]
+
+
+class Attr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int32), ("f", ctypes.c_double), ("i", ctypes.c_int64),
+                ("s", ctypes.c_char_p)]
+
+
 class LbOptError(RuntimeError):
     """A failed lbopt call: .status is the lbopt_status, the text is lbopt_last_error()."""
 
@@ -182,6 +209,10 @@ def _load():
         "lbopt_adamw_step": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t, P(StepOptions)]),
         "lbopt_adamw_step_validate": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t,
                                            P(StepOptions)]),
+        "lbopt_op_count": (ctypes.c_size_t, []),
+        "lbopt_op_schema": (P(OpInfo), [ctypes.c_size_t]),
+        "lbopt_op_invoke": (st, [P(OpInfo), P(P(DLTensor)), ctypes.c_size_t, P(Attr), ctypes.c_size_t,
+                                 ctypes.c_void_p]),
         "lbopt_set_num_threads": (st, [ctypes.c_int]),
         "lbopt_get_num_threads": (ctypes.c_int, []),
     }

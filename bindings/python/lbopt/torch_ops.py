@@ -1,0 +1,107 @@
+"""Every operator of lbopt's registry as a torch custom op in the `lbopt` namespace, generated at import by
+walking lbopt_op_count / lbopt_op_schema: nothing here is written per operator.
+
+    import lbopt.torch_ops
+    torch.ops.lbopt.adamw_step_capturable_4bit(p, g, m_codes, m_scales, v_codes, v_scales, None, None, lr, step,
+                                               None, weight_decay=0.01)
+
+Names: the registry's with the "lbopt." prefix dropped and dots as underscores (lbopt.adamw_step.4bit ->
+torch.ops.lbopt.adamw_step_4bit). Schemas: tensors in the registry's order, those the operator writes annotated
+as mutated (`Tensor(a!)`), optional ones as `Tensor?`; then the attributes as typed keyword arguments with the
+registry's defaults (double -> float, int64 -> int, bool -> bool, string -> str). Every op returns nothing: it
+writes its outputs in place. CPU and CUDA kernels call lbopt_op_invoke on DLPack views of the tensors (so they
+validate exactly like the C entry points); fake kernels do nothing, so FakeTensor tracing and torch.compile see
+the ops as opaque mutations. The tensor-lr steps (adamw_step_capturable_*) take lr and step as scalar tensors:
+a compiled program that calls them keeps one form whatever the schedule.
+"""
+import ctypes
+
+import torch
+
+from . import _abi
+from .torch import _view
+
+_TYPES = {_abi.ATTR_DOUBLE: "float", _abi.ATTR_INT64: "int", _abi.ATTR_BOOL: "bool", _abi.ATTR_STRING: "str"}
+
+
+def torch_name(registry_name):
+    return registry_name.removeprefix("lbopt.").replace(".", "_")
+
+
+def _default(a):
+    if a.type == _abi.ATTR_DOUBLE:
+        return repr(float(a.default_double))
+    if a.type == _abi.ATTR_INT64:
+        return str(int(a.default_int))
+    if a.type == _abi.ATTR_BOOL:
+        return "True" if a.default_int else "False"
+    return repr((a.default_string or b"").decode())
+
+
+def schema(op):
+    """The torch schema of registry operator op (an lbopt_op_info)."""
+    args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
+    for k in range(op.n_tensors):
+        t = op.tensors[k]
+        kind = f"Tensor({next(alias)}!)" if t.role in (_abi.ROLE_OUT, _abi.ROLE_INOUT) else "Tensor"
+        args.append(f"{kind}{'?' if t.optional else ''} {t.name.decode()}")
+    for k in range(op.n_attrs):
+        a = op.attrs[k]
+        default = "" if a.required else "=" + _default(a)
+        args.append(f"{_TYPES[a.type]} {a.name.decode()}{default}")
+    return f"{torch_name(op.name.decode())}({', '.join(args)}) -> ()"
+
+
+def _kernel(op_ptr):
+    op = op_ptr.contents
+    n_tensors = op.n_tensors
+    attrs = [(op.attrs[k].name, op.attrs[k].type) for k in range(op.n_attrs)]
+
+    def kernel(*args, **kwargs):
+        tensors = args[:n_tensors]
+        views = [None if t is None else _view(t) for t in tensors]
+        ptrs = (ctypes.POINTER(_abi.DLTensor) * n_tensors)(*[v.ptr if v is not None else None for v in views])
+        # the attributes given, positionally or by name; the registry fills in the defaults of the others
+        values = dict(zip((name for name, _ in attrs), args[n_tensors:]))
+        values.update((k.encode(), v) for k, v in kwargs.items())
+        present = [(n, k) for n, k in attrs if n in values]  # the dispatcher has refused any other name
+        given = (_abi.Attr * len(present))()
+        keep = []
+        for slot, (name, kind) in zip(given, present):
+            value = values[name]
+            slot.name, slot.type = name, kind
+            if kind == _abi.ATTR_DOUBLE:
+                slot.f = value
+            elif kind == _abi.ATTR_STRING:
+                keep.append(value.encode())
+                slot.s = keep[-1]
+            else:
+                slot.i = int(value)
+        device = next((t.device for t in tensors if t is not None), None)
+        stream = (torch.cuda.current_stream(device).cuda_stream
+                  if device is not None and device.type == "cuda" else None)
+        _abi.check(_abi.lib.lbopt_op_invoke(op_ptr, ptrs, n_tensors, given, len(present), stream))
+
+    return kernel
+
+
+def _fake(*args):
+    return None
+
+
+def _register():
+    lib = torch.library.Library("lbopt", "DEF")
+    ops = {}
+    for i in range(_abi.lib.lbopt_op_count()):
+        op_ptr = _abi.lib.lbopt_op_schema(i)
+        name = torch_name(op_ptr.contents.name.decode())
+        lib.define(schema(op_ptr.contents))
+        kernel = _kernel(op_ptr)
+        for key in ("CPU", "CUDA"):
+            lib.impl(name, kernel, key)
+        torch.library.register_fake(f"lbopt::{name}", _fake, lib=lib)
+        ops[name] = getattr(torch.ops.lbopt, name)
+    return lib, ops
+
+
+_LIBRARY, OPS = _register()  # the Library must live as long as the ops

@@ -1,0 +1,128 @@
+"""The registry's operators in PyTorch's dispatcher (lbopt.torch_ops): generated schemas, torch.library.opcheck on
+every op, results equal to the typed step, and a torch.compile'd step whose lr changes on every call compiled
+once."""
+import pytest
+import torch
+
+import lbopt
+import lbopt.functional as F
+import lbopt.torch_ops as T
+from lbopt import _abi
+
+N = 4096 + 37
+KINDS = ["4bit", "8bit", "fp8", "fp32"]
+
+
+def states(kind, n=N, amsgrad=False):
+    lay = F.state_layout(kind, n)
+    dtype = torch.float32 if kind == "fp32" else torch.uint8
+    out = []
+    for _ in range(3 if amsgrad else 2):
+        out.append(torch.zeros(lay["codes_numel"], dtype=dtype))
+        out.append(torch.zeros(lay["scales_numel"]) if kind != "fp32" else None)
+    return out + ([None, None] if not amsgrad else [])
+
+
+def step_args(kind, capturable, seed=0, amsgrad=False):
+    g = torch.Generator().manual_seed(seed)
+    p, grad = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    args = [p, grad, *states(kind, amsgrad=amsgrad)]
+    if capturable:
+        args += [torch.tensor(1e-2, dtype=torch.float64), torch.tensor(1, dtype=torch.int64)]
+    return args + [torch.zeros(1, dtype=torch.uint8)]
+
+
+def test_every_registry_operator_is_a_torch_op_with_its_schema():
+    names = {T.torch_name(_abi.lib.lbopt_op_schema(i).contents.name.decode()) for i in range(_abi.lib.lbopt_op_count())}
+    assert names == set(T.OPS) and len(names) == 12
+    s = str(torch.ops.lbopt.adamw_step_capturable_4bit.default._schema)
+    assert s.startswith("lbopt::adamw_step_capturable_4bit(Tensor(a!) param, Tensor grad, Tensor(b!) m_codes, "
+                        "Tensor(c!)? m_scales,")
+    assert "Tensor lr, Tensor step, Tensor(h!)? skipped, float beta1=0.9" in s and s.endswith("int seed=0) -> ()")
+    assert "float lr, int step, float beta1" in str(torch.ops.lbopt.adamw_step_4bit.default._schema)
+    assert 'str moment="m"' in str(torch.ops.lbopt.quantize.default._schema)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("capturable", [False, True], ids=["by-value", "tensor-lr"])
+def test_opcheck_steps(kind, capturable):
+    op = T.OPS[f"adamw_step{'_capturable' if capturable else ''}_{kind}"]
+    kwargs = {"weight_decay": 0.1, "amsgrad": True}
+    if not capturable:
+        kwargs.update(lr=1e-2, step=1)
+    torch.library.opcheck(op, tuple(step_args(kind, capturable, amsgrad=True)), kwargs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_opcheck_conversions(kind):
+    lay = F.state_layout(kind, N)
+    codes = torch.zeros(lay["codes_numel"], dtype=torch.float32 if kind == "fp32" else torch.uint8)
+    scales = torch.zeros(lay["scales_numel"]) if kind != "fp32" else None
+    src = torch.randn(N).abs()
+    torch.library.opcheck(T.OPS["quantize"], (src, codes, scales), {"kind": kind, "moment": "v"})
+    torch.library.opcheck(T.OPS["dequantize"], (codes, scales, torch.empty(N)), {"kind": kind, "moment": "v"})
+    torch.library.opcheck(T.OPS["state_init"], (codes, scales), {"kind": kind, "numel": N})
+    torch.library.opcheck(T.OPS["state_layout"], (torch.zeros(4, dtype=torch.int64),), {"kind": kind, "numel": N})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensor_lr_op_equals_the_functional_step(kind):
+    args = step_args(kind, True, seed=3)
+    p, g = args[0].numpy().copy(), args[1].numpy().copy()
+    st = {"m": F.zeros_state(kind, N), "v": F.zeros_state(kind, N)}
+    for s in range(1, 4):
+        lr = 1e-2 / s
+        args[8].fill_(lr)
+        args[9].fill_(s)
+        T.OPS[f"adamw_step_capturable_{kind}"](*args)
+        F.adamw_step([p], [g], [st], lr, [s], kind=kind)
+    assert torch.equal(args[0], torch.from_numpy(p))
+    assert torch.equal(args[2], torch.from_numpy(st["m"]["codes"]))
+
+
+def test_compiled_step_with_a_new_lr_every_call_compiles_once():
+    import torch._dynamo
+
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    args = step_args("4bit", True, seed=5)
+    eager = [a.clone() if a is not None else None for a in args]
+
+    def step(p, g, mc, ms, vc, vs, lr, s):
+        torch.ops.lbopt.adamw_step_capturable_4bit(p, g, mc, ms, vc, vs, None, None, lr, s, None)
+
+    compiled = torch.compile(step, backend=counting_backend, fullgraph=True)
+    for i in range(50):
+        lr = 1e-3 * (1 + torch.cos(torch.tensor(i / 50 * 3.14159)).item())  # a cosine schedule
+        for a in (args, eager):
+            a[8].fill_(lr)
+            a[9].fill_(i + 1)
+        compiled(*args[:6], args[8], args[9])
+        step(*eager[:6], eager[8], eager[9])
+    assert len(compiles) == 1
+    for a, b in zip(args, eager):
+        assert a is None or torch.equal(a, b)
+
+
+def test_bad_inputs_name_the_argument_and_write_nothing():
+    args = step_args("4bit", True, seed=6)
+    before = [a.clone() if a is not None else None for a in args]
+    bad = list(args)
+    bad[1] = bad[1].double()
+    with pytest.raises(lbopt.LbOptTypeError, match=r"slots\[0\]\.grad: dtype float64"):
+        T.OPS["adamw_step_capturable_4bit"](*bad)
+    bad = list(args)
+    bad[2] = bad[2][:-1]
+    with pytest.raises(lbopt.LbOptValueError, match=r"slots\[0\]\.m\.codes: has 2066 elements"):
+        T.OPS["adamw_step_capturable_4bit"](*bad)
+    bad = list(args)
+    bad[8] = torch.tensor([1e-3, 2e-3])
+    with pytest.raises(lbopt.LbOptValueError, match=r"lr: has 2 elements, expected 1"):
+        T.OPS["adamw_step_capturable_4bit"](*bad)
+    for a, b in zip(args, before):
+        assert a is None or torch.equal(a, b)
