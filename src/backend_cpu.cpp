@@ -7,6 +7,7 @@
 #include "../kernels/cpu/kernels_cpu.h"
 #include "backend.h"
 #include "error.h"
+#include "fp_env.h"
 #include "thread_pool.h"
 
 namespace lbopt {
@@ -48,6 +49,7 @@ struct StepRun {
 };
 
 lbopt_status cpu_adamw_step(StepPlan& plan) {
+  const DefaultFpEnv fp_env;
   const size_t n = plan.slots.size();
   const double grad_scale = plan.grad_scale ? double(*plan.grad_scale) : 1.0;  // checked by validation
   if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
@@ -99,6 +101,7 @@ struct ConvertRun {
 
 template <bool kToState>
 lbopt_status cpu_convert(const ConvertPlan& plan) {
+  const DefaultFpEnv fp_env;
   const int64_t block = work_block_size(plan.kind);
   ConvertRun run{&plan, host_codec(plan.kind, plan.second_moment), std::max<int64_t>(1, kTaskElements / block),
                  (plan.numel + block - 1) / block};

@@ -1,5 +1,7 @@
 #include "thread_pool.h"
 
+#include <fenv.h>
+
 #include <sched.h>
 #include <stdlib.h>
 
@@ -64,6 +66,7 @@ class Pool {
   }
 
   void worker_loop() {
+    fesetenv(FE_DFL_ENV);  // a worker inherits its creator's environment (see fp_env.h)
     uint64_t seen = 0;
     for (;;) {
       {
