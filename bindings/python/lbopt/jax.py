@@ -28,7 +28,7 @@ import numpy as np
 from . import _abi
 from .functional import KINDS, state_layout
 
-__all__ = ["invoke", "adamw", "adamw_apply", "AdamWState"]
+__all__ = ["invoke", "adamw", "adamw_apply", "AdamWState", "Moment"]
 
 TARGET = "lbopt_invoke"
 _FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -103,10 +103,20 @@ def invoke(name, tensors, **attrs):
 # ---- AdamW / Adam as optax transformations -------------------------------------------------------------------
 
 
+class Moment(NamedTuple):
+    """One moment of one leaf's state: uint8 codes and float32 scales, or float32 values and None (fp32)."""
+    codes: Any
+    scales: Any
+
+
 class AdamWState(NamedTuple):
     count: Any   # float32 scalar: steps made (the step a call makes is count + 1)
-    m: Any       # per leaf (codes, scales): uint8 codes and float32 scales (fp32 states: float32 values, empty)
+    m: Any       # a Moment per param leaf
     v: Any
+
+
+def _is_moment(x):
+    return isinstance(x, Moment)
 
 
 def _leaf_kind(leaf, path, state_kind, min_quant_size):
@@ -117,9 +127,11 @@ def _leaf_kind(leaf, path, state_kind, min_quant_size):
 
 
 def _zeros(kind, n):
+    """A fresh moment of one leaf."""
     lay = state_layout(kind, n)
-    codes = jnp.zeros(lay["codes_numel"], jnp.float32 if kind == "fp32" else jnp.uint8)
-    return codes, jnp.zeros(lay["scales_numel"], jnp.float32)
+    if kind == "fp32":
+        return Moment(jnp.zeros(lay["codes_numel"], jnp.float32), None)
+    return Moment(jnp.zeros(lay["codes_numel"], jnp.uint8), jnp.zeros(lay["scales_numel"], jnp.float32))
 
 
 class _AdamW:
@@ -136,16 +148,17 @@ class _AdamW:
 
     def init(self, params):
         kinds = self.kinds(params)
-        zeros = jax.tree_util.tree_map(lambda k, p: _zeros(k, p.size), kinds, params)
-        return AdamWState(jnp.zeros((), jnp.float32), zeros, jax.tree_util.tree_map(lambda z: z, zeros))
+        m, v = (jax.tree_util.tree_map(lambda k, p: _zeros(k, p.size), kinds, params) for _ in range(2))
+        return AdamWState(jnp.zeros((), jnp.float32), m, v)  # buffers of their own: a jitted step may donate them
 
     def _check_tree(self, params, grads, state):
         ptree = jax.tree_util.tree_structure(params)
-        for what, tree in (("grads", grads), ("state.m", state.m), ("state.v", state.v)):
-            leaves = jax.tree_util.tree_structure(tree, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2)
-            if leaves.num_leaves != ptree.num_leaves:
-                raise ValueError(f"lbopt.jax: {what} does not match the params' tree ({leaves.num_leaves} leaves, "
-                                 f"the params {ptree.num_leaves})")
+        for what, tree, is_leaf in (("grads", grads, None), ("state.m", state.m, _is_moment),
+                                    ("state.v", state.v, _is_moment)):
+            n = jax.tree_util.tree_structure(tree, is_leaf=is_leaf).num_leaves
+            if n != ptree.num_leaves:
+                raise ValueError(f"lbopt.jax: {what} does not match the params' tree ({n} leaves, the params "
+                                 f"{ptree.num_leaves})")
 
     def apply(self, params, grads, state):
         """(new params, new state): one fused step per leaf."""
@@ -156,8 +169,8 @@ class _AdamW:
         kinds = self.kinds(params)
         flat_p, tree = jax.tree_util.tree_flatten(params)
         flat = [jax.tree_util.tree_leaves(t) for t in (grads, kinds)]
-        ms = jax.tree_util.tree_leaves(state.m, is_leaf=lambda x: isinstance(x, tuple))
-        vs = jax.tree_util.tree_leaves(state.v, is_leaf=lambda x: isinstance(x, tuple))
+        ms = jax.tree_util.tree_leaves(state.m, is_leaf=_is_moment)
+        vs = jax.tree_util.tree_leaves(state.v, is_leaf=_is_moment)
         new_p, new_m, new_v = [], [], []
         for p, g, kind, (mc, msc), (vc, vsc), path in zip(flat_p, *flat, ms, vs, _paths(params)):
             lay = state_layout(kind, p.size)
@@ -165,18 +178,13 @@ class _AdamW:
                 if arr.size != n:
                     raise ValueError(f"lbopt.jax: {what} for param {jax.tree_util.keystr(path)} has {arr.size} "
                                      f"elements, a {kind} state of {p.size} elements needs {n}")
-            scales = (lambda s: None if kind == "fp32" else s)
-            out = invoke(f"lbopt.adamw_step_capturable.{kind}",
-                         [p, g, mc, scales(msc), vc, scales(vsc), None, None, lr, step, None],
+            out = invoke(f"lbopt.adamw_step_capturable.{kind}", [p, g, mc, msc, vc, vsc, None, None, lr, step, None],
                          **self.attrs)
             p2, mc2, *rest = out
-            if kind == "fp32":
-                vc2, msc2, vsc2 = rest[0], msc, vsc
-            else:
-                msc2, vc2, vsc2 = rest
+            msc2, vc2, vsc2 = (None, rest[0], None) if kind == "fp32" else rest
             new_p.append(p2)
-            new_m.append((mc2, msc2))
-            new_v.append((vc2, vsc2))
+            new_m.append(Moment(mc2, msc2))
+            new_v.append(Moment(vc2, vsc2))
         unflat = tree.unflatten
         return unflat(new_p), AdamWState(step, unflat(new_m), unflat(new_v))
 
