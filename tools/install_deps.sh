@@ -2,7 +2,7 @@
 # Installs what building and testing lbopt needs on a Debian/Ubuntu machine, skipping what is already there.
 set -euo pipefail
 packages=(meson ninja-build pkg-config g++ cmake doctest-dev libdlpack-dev libhwy-dev binutils python3 fortunes
-          abigail-tools valgrind clang)
+          abigail-tools valgrind clang patchelf)
 # Arm cross headers for compiling the Arm SIMD kernels (tests/cpu/cross_compile_simd.sh); that test skips
 # without them, so a distribution that names them differently still builds and tests
 optional=(libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross)

@@ -126,3 +126,26 @@ def test_bad_inputs_name_the_argument_and_write_nothing():
         T.OPS["adamw_step_capturable_4bit"](*bad)
     for a, b in zip(args, before):
         assert a is None or torch.equal(a, b)
+
+
+def test_a_tensor_of_a_backend_without_a_kernel_is_refused_by_the_dispatcher():
+    """Only CPU and CUDA kernels (and the fake one) are registered: a sparse (or XPU, MPS, ...) tensor is refused by
+    the dispatcher, naming the op and the backend, before anything runs."""
+    args = step_args("4bit", True, seed=7)
+    before = args[0].clone()
+    bad = list(args)
+    bad[1] = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), (N,))
+    with pytest.raises(NotImplementedError, match=r"lbopt::adamw_step_capturable_4bit.*'SparseCPU' backend"):
+        T.OPS["adamw_step_capturable_4bit"](*bad)
+    assert torch.equal(args[0], before)
+
+
+def test_jax_refuses_a_grad_of_another_dtype_naming_it():
+    jnp = pytest.importorskip("jax.numpy")
+    LJ = pytest.importorskip("lbopt.jax")
+    lay = F.state_layout("4bit", 5000)
+    codes, scales = jnp.zeros(lay["codes_numel"], jnp.uint8), jnp.zeros(lay["scales_numel"], jnp.float32)
+    args = [jnp.zeros(5000), jnp.zeros(5000, jnp.int32), codes, scales, codes, scales, None, None,
+            jnp.float32(1e-3), jnp.float32(1), None]
+    with pytest.raises(Exception, match=r"slots\[0\]\.grad: dtype int32 is not supported"):
+        LJ.invoke("lbopt.adamw_step_capturable.4bit", args)[0].block_until_ready()
