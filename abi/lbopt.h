@@ -197,6 +197,11 @@ LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options, size
 LBOPT_API lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                                         size_t n_slots, const lbopt_step_options* options);
 
+/* The checks lbopt_adamw_step makes of config and lr, alone: a framework checks its hyper-parameters when they
+ * are set (at construction, or when a param group changes) with the library's own rules and messages. Since
+ * 0.2. */
+LBOPT_API lbopt_status lbopt_adamw_config_validate(const lbopt_adamw_config* config, double lr);
+
 /* Every check lbopt_adamw_step makes on the same arguments, and nothing else: no buffer is read beyond host
  * scalars (grad_scale) and none is written. LBOPT_OK means that lbopt_adamw_step would accept the call; on host
  * tensors it then cannot fail, on CUDA only a CUDA runtime error can. A caller that splits one logical step into

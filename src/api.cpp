@@ -5,6 +5,7 @@
 #include <new>
 
 #include "backend.h"
+#include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
 #include "thread_pool.h"
@@ -92,10 +93,10 @@ lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_s
     LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_adamw_config), "struct_size"));
     lbopt_adamw_config c{};
     c.state_kind = LBOPT_STATE_4BIT;
-    c.beta1 = 0.9;
-    c.beta2 = 0.999;
-    c.eps = 1e-8;
-    c.weight_decay = 0.01;
+    c.beta1 = kDefaultBeta1;
+    c.beta2 = kDefaultBeta2;
+    c.eps = kDefaultEps;
+    c.weight_decay = kDefaultWeightDecay;
     fill(config, struct_size, c);
     return LBOPT_OK;
   });
@@ -117,6 +118,10 @@ lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const
     LBOPT_TRY(validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, &plan));
     return backend_for(plan.device).adamw_step(plan);
   });
+}
+
+lbopt_status lbopt_adamw_config_validate(const lbopt_adamw_config* config, double lr) {
+  return guarded([&] { return validate_config(config, lr); });
 }
 
 lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
 
@@ -38,10 +39,10 @@ const lbopt_tensor_arg kCapturableTensors[] = {
 const lbopt_attr_arg kStepAttrs[] = {
     {"lr", LBOPT_ATTR_DOUBLE, 1, 0.0, 0, nullptr},
     {"step", LBOPT_ATTR_INT64, 1, 0.0, 0, nullptr},
-    {"beta1", LBOPT_ATTR_DOUBLE, 0, 0.9, 0, nullptr},
-    {"beta2", LBOPT_ATTR_DOUBLE, 0, 0.999, 0, nullptr},
-    {"eps", LBOPT_ATTR_DOUBLE, 0, 1e-8, 0, nullptr},
-    {"weight_decay", LBOPT_ATTR_DOUBLE, 0, 0.01, 0, nullptr},
+    {"beta1", LBOPT_ATTR_DOUBLE, 0, kDefaultBeta1, 0, nullptr},
+    {"beta2", LBOPT_ATTR_DOUBLE, 0, kDefaultBeta2, 0, nullptr},
+    {"eps", LBOPT_ATTR_DOUBLE, 0, kDefaultEps, 0, nullptr},
+    {"weight_decay", LBOPT_ATTR_DOUBLE, 0, kDefaultWeightDecay, 0, nullptr},
     {"adam", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
     {"amsgrad", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
     {"maximize", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},

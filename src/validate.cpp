@@ -364,15 +364,20 @@ lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
   return LBOPT_OK;
 }
 
+lbopt_status validate_config(const lbopt_adamw_config* config, double lr) {
+  LBOPT_TRY(check_config(config));
+  if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
+  return LBOPT_OK;
+}
+
 lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DLTensor* lr_scalar,
                            const DLTensor* step_scalar, const lbopt_adamw_slot* slots, size_t n_slots,
                            const lbopt_step_options* options, StepPlan* plan) {
-  LBOPT_TRY(check_config(config));
   const bool capturable = lr_scalar || step_scalar;
+  if (capturable) LBOPT_TRY(check_config(config));
+  else LBOPT_TRY(validate_config(config, lr));
   if (capturable && !lr_scalar) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
   if (capturable && !step_scalar) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
-  if (!capturable && !(lr >= 0.0 && isfinite(lr)))
-    return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
   if (n_slots == 0) return fail(LBOPT_ERR_INVALID_VALUE, "n_slots: is 0; a step needs at least one slot");
   if (!slots) return fail(LBOPT_ERR_NULL_POINTER, "slots: pointer is NULL with n_slots = %zu", n_slots);
   if (options && options->struct_size != sizeof(lbopt_step_options))

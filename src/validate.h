@@ -59,6 +59,9 @@ lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_sta
 
 lbopt_status validate_kind(lbopt_state_kind kind, const char* name);
 
+// The config and a by-value lr, checked as lbopt_adamw_step checks them.
+lbopt_status validate_config(const lbopt_adamw_config* config, double lr);
+
 // Sizes of one state of a valid kind (numel in [0, INT64_MAX / 4]).
 lbopt_layout layout_of(int kind, int64_t numel);
 

@@ -579,8 +579,20 @@ void run_case(const Case& c) {
   std::vector<uint64_t> before;
   for (const auto& nb : named) before.push_back(test::hash(*nb.second));
 
-  // lbopt_adamw_step_validate gives the step's verdict and message, and writes nothing
+  // lbopt_adamw_step_validate gives the step's verdict and message, and writes nothing; where the step fails on
+  // its config or lr, lbopt_adamw_config_validate says the same
   const bool is_step = c.call.target_type() == step.target_type();
+  if (is_step) {
+    const lbopt_status v = lbopt_adamw_config_validate(s.config_arg, s.lr);
+    const std::string message = lbopt_last_error();
+    const bool config_case = c.needles.size() && (c.needles[0].rfind("config", 0) == 0 || c.needles[0].rfind("lr", 0) == 0);
+    if (config_case) {
+      CHECK(int(v) == int(c.expected));
+      for (const std::string& needle : c.needles) CHECK(message.find(needle) != std::string::npos);
+    } else if (c.expected == LBOPT_OK) {
+      CHECK(v == LBOPT_OK);
+    }
+  }
   std::string validate_error;
   if (is_step) {
     const lbopt_status v = lbopt_adamw_step_validate(s.config_arg, s.lr, s.slots_arg, s.n_slots, s.options_arg);

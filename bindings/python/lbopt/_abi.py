@@ -207,6 +207,7 @@ def _load():
         "lbopt_adamw_config_init": (st, [P(AdamWConfig), ctypes.c_size_t]),
         "lbopt_step_options_init": (st, [P(StepOptions), ctypes.c_size_t]),
         "lbopt_adamw_step": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t, P(StepOptions)]),
+        "lbopt_adamw_config_validate": (st, [P(AdamWConfig), ctypes.c_double]),
         "lbopt_adamw_step_validate": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t,
                                            P(StepOptions)]),
         "lbopt_op_count": (ctypes.c_size_t, []),

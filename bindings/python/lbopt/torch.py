@@ -303,18 +303,10 @@ class LowBitAdamW(torch.optim.Optimizer):
                                  self.seed)
 
     def _validate_group(self, group):
-        """The library's own checks of the hyper-parameters and lr, on an empty tensor: errors surface at
-        construction with the library's message."""
-        empty = torch.empty(0)
-        slot = _abi.AdamWSlot()
-        slot.struct_size = ctypes.sizeof(_abi.AdamWSlot)
-        views = [_view(empty) for _ in range(4)]
-        slot.param, slot.grad = views[0].ptr, views[1].ptr
-        slot.m, slot.v = _abi.State(views[2].ptr, None), _abi.State(views[3].ptr, None)
-        slot.step = 1
+        """The library's own checks of the hyper-parameters and lr: errors surface when a group is made or loaded,
+        with the library's message."""
         cfg = self._config(group, _abi.STATE_FP32)
-        cfg.flags &= ~_abi.FLAG_AMSGRAD
-        _abi.check(_abi.lib.lbopt_adamw_step_validate(ctypes.byref(cfg), _lr(group), ctypes.byref(slot), 1, None))
+        _abi.check(_abi.lib.lbopt_adamw_config_validate(ctypes.byref(cfg), _lr(group)))
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
