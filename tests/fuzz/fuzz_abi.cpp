@@ -26,7 +26,7 @@
 //   then the entry's fields in the order the decode_* functions below read them; each tensor is
 //   u8 mut, u8 aux, then the fields mut selects (see Ctx::tensor).
 // Every lbopt_adamw_step is preceded by lbopt_adamw_step_validate on the same arguments, whose status and message
-// must be the step's.
+// must be the step's, and by lbopt_adamw_config_validate, whose refusal must be the step's.
 // LBOPT_FUZZ_VERBOSE=1 prints one line per input (entry, status, message): run the binary on a file to see what
 // a reproducer or a seed does.
 #include <float.h>
@@ -810,9 +810,11 @@ void run_step(Ctx& c, bool capturable) {
   const lbopt_step_options* opts_arg = cm & 0x08 ? nullptr : &opts;
   // lbopt_adamw_step_validate first: the step must then return its verdict and message (it also writes nothing,
   // which c.check sees whenever the step fails)
-  std::string verdict;
-  lbopt_status validated = LBOPT_OK;
+  std::string verdict, config_verdict;
+  lbopt_status validated = LBOPT_OK, config_validated = LBOPT_OK;
   if (!capturable) {
+    config_validated = lbopt_adamw_config_validate(cfg_arg, lr);  // a refusal there is the step's first
+    config_verdict = lbopt_last_error();
     validated = lbopt_adamw_step_validate(cfg_arg, lr, slots_arg, n, opts_arg);
     verdict = lbopt_last_error();
   }
@@ -821,6 +823,9 @@ void run_step(Ctx& c, bool capturable) {
                  : lbopt_adamw_step(cfg_arg, lr, slots_arg, n, opts_arg);
   if (!capturable && (st != validated || verdict != lbopt_last_error()))
     c.die(st, "lbopt_adamw_step_validate said %d (\"%s\"), the step %d", int(validated), verdict.c_str(), int(st));
+  if (config_validated != LBOPT_OK && (st != config_validated || config_verdict != lbopt_last_error()))
+    c.die(st, "lbopt_adamw_config_validate said %d (\"%s\"), the step %d", int(config_validated),
+          config_verdict.c_str(), int(st));
   if (memcmp(&cfg_before, &cfg, sizeof cfg) || memcmp(slots_before, slots, sizeof slots) ||
       memcmp(&opts_before, &opts, sizeof opts))
     c.die(st, "the config, slots or options struct was written");
