@@ -114,16 +114,7 @@ lbopt_status cpu_convert(const ConvertPlan& plan) {
   return LBOPT_OK;
 }
 
-lbopt_status cpu_quantize(const ConvertPlan& plan) {
-  // Refuse values that would poison a block scale or have no code, before writing anything.
-  for (int64_t i = 0; i < plan.numel; ++i) {
-    const float x = plan.values[i];
-    if (!isfinite(x)) return fail(LBOPT_ERR_NONFINITE, "src[%lld] = %g is not finite", (long long)i, x);
-    if (plan.second_moment && x < 0.0f)
-      return fail(LBOPT_ERR_INVALID_VALUE, "src[%lld] = %g is negative; a second-moment state is >= 0", (long long)i, x);
-  }
-  return cpu_convert<true>(plan);
-}
+lbopt_status cpu_quantize(const ConvertPlan& plan) { return cpu_convert<true>(plan); }
 
 lbopt_status cpu_dequantize(const ConvertPlan& plan) { return cpu_convert<false>(plan); }
 

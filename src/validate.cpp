@@ -482,6 +482,17 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
   plan->second_moment = moment == LBOPT_MOMENT_SECOND;
   plan->numel = v.numel;
   plan->values = reinterpret_cast<float*>(v.data);
+  // Host values that would poison a block scale or have no code are refused here; on CUDA the kernel cannot refuse
+  // without synchronizing and stores them as 0, as the step does.
+  if (to_state && plan->device.cls == DeviceClass::kHost) {
+    for (int64_t i = 0; i < plan->numel; ++i) {
+      const float x = plan->values[i];
+      if (!isfinite(x)) return fail(LBOPT_ERR_NONFINITE, "src[%lld] = %g is not finite", (long long)i, x);
+      if (plan->second_moment && x < 0.0f)
+        return fail(LBOPT_ERR_INVALID_VALUE, "src[%lld] = %g is negative; a second-moment state is >= 0",
+                    (long long)i, x);
+    }
+  }
   plan->stream = stream;
   return LBOPT_OK;
 }
