@@ -63,6 +63,11 @@ def moments(entry, what):
     return out, entry.get("step", bnb.get("step"))
 
 
+def unpack(codes, kind):
+    """One code per element: 4-bit bytes split into their two nibbles (element 2i in the high one)."""
+    return torch.stack((codes >> 4, codes & 15), 1).reshape(-1) if kind == _abi.STATE_4BIT else codes
+
+
 def _codebook(kind, second):
     """lbopt's codebook of a kind as float32 values (each code decoded with scale 1)."""
     n = 16 if kind == _abi.STATE_4BIT else 256
@@ -98,9 +103,7 @@ def decode(source, numel, what, name):
             raise ValueError(f"lbopt: {name} of {what} has {values.numel()} elements, the param {numel}")
         return values.detach().to(torch.float32).reshape(-1)
     _, kind, codes, scales, qmap = source
-    codes = codes.reshape(-1)
-    if kind == _abi.STATE_4BIT:
-        codes = torch.stack((codes >> 4, codes & 15), 1).reshape(-1)
+    codes = unpack(codes.reshape(-1), kind)
     if codes.numel() < numel or codes.numel() > numel + 1 or scales.numel() == 0:
         raise ValueError(f"lbopt: {name} of {what} has {codes.numel()} codes, the param {numel} elements")
     codes = codes[:numel].long()

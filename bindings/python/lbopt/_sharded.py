@@ -19,6 +19,7 @@ import sys
 import torch
 
 from . import _abi
+from ._import import unpack
 
 
 def dtensor_type():
@@ -55,12 +56,6 @@ def _like_param(local, p, shape=None):
     return cls.from_local(local, p.device_mesh, p.placements, run_check=False, shape=shape, stride=stride)
 
 
-def _unpack(codes, kind, numel):
-    if kind == _abi.STATE_4BIT:
-        codes = torch.stack((codes >> 4, codes & 15), 1).reshape(-1)
-    return codes[:numel]
-
-
 def _pack(codes, kind):
     if kind != _abi.STATE_4BIT:
         return codes
@@ -85,7 +80,7 @@ def to_checkpoint(state, p, local, what, moments):
             out[name + "_codes"] = _like_param(codes.view(local.shape), p)
             continue
         size, block, k = _geometry(p, kind, what)
-        out[name + "_codes"] = _like_param(_unpack(codes, kind, local.numel()).view(local.shape), p)
+        out[name + "_codes"] = _like_param(unpack(codes, kind)[:local.numel()].view(local.shape), p)
         rows = local.shape[0]
         scales = state[name + "_scales"]
         table = torch.full((rows, 1 + k), float("nan"), dtype=torch.float32, device=codes.device)
