@@ -13,13 +13,20 @@ namespace lbopt {
 // Encoded kinds; values match lbopt_state_kind.
 enum StateKind : int { kState4Bit = 0, kState8Bit = 1, kStateFp8 = 2, kStateFp32 = 3 };
 
+// Elements per scale block: the only place block sizes are written (torchao's: 128 for 4-bit, 256 for 8-bit and
+// FP8). kMaxBlock bounds every kind's unit of work.
+constexpr int64_t kBlock4Bit = 128;
+constexpr int64_t kBlock8Bit = 256;
+constexpr int64_t kBlockFp8 = 256;
+constexpr int64_t kMaxBlock = 256;
+
 // Elements per scale; 0 for the unblocked FP32 kind.
 LBOPT_HD int64_t state_block_size(int kind) {
-  return kind == kState4Bit ? 128 : (kind == kStateFp32 ? 0 : 256);
+  return kind == kState4Bit ? kBlock4Bit : kind == kState8Bit ? kBlock8Bit : kind == kStateFp8 ? kBlockFp8 : 0;
 }
 
 // Elements per unit of work: the scale block, and a chunk of the same order for FP32.
-LBOPT_HD int64_t work_block_size(int kind) { return kind == kStateFp32 ? 256 : state_block_size(kind); }
+LBOPT_HD int64_t work_block_size(int kind) { return kind == kStateFp32 ? kMaxBlock : state_block_size(kind); }
 
 // Non-finite values never enter a quantized state: one NaN would poison its block's absmax forever.
 LBOPT_HD float finite_or_zero(float x) { return isfinite(x) ? x : 0.0f; }

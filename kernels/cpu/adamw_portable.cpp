@@ -10,7 +10,6 @@
 namespace lbopt::cpu {
 namespace {
 
-constexpr int64_t kMaxBlock = 256;
 
 struct F32 {
   using T = float;

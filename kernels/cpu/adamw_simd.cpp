@@ -42,7 +42,6 @@ using DF16 = hn::Rebind<hwy::float16_t, DF>;
 using DU8 = hn::Rebind<uint8_t, DF>;
 using DU64 = hn::Repartition<uint64_t, DU>;
 
-constexpr int64_t kMaxBlock = 256;
 constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
 constexpr int kTablePad = kMaxLanes > 16 ? kMaxLanes : 16;
 

@@ -84,8 +84,8 @@ __device__ __forceinline__ void store_block(const StateCodec& c, StateRef st, in
 
 template <int KIND>
 struct Geometry {
-  static constexpr int kPerLane = KIND == kState4Bit ? 4 : 8;
-  static constexpr int64_t kBlock = KIND == kState4Bit ? 128 : 256;
+  static constexpr int64_t kBlock = KIND == kState4Bit ? kBlock4Bit : KIND == kState8Bit ? kBlock8Bit : kBlockFp8;
+  static constexpr int kPerLane = int(kBlock / 32);  // a warp per block
   // Element of a block handled by lane, k-th: 4-bit keeps nibble pairs in one lane.
   __device__ static int64_t local(int lane, int k) {
     return KIND == kState4Bit ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
