@@ -22,7 +22,7 @@ struct StepSlot {
   Dtype param_dtype = kFloat32;
   Dtype grad_dtype = kFloat32;
   StateRef m, v, vmax;         // vmax only with AMSGrad
-  StepScalars scalars{};       // filled by the backend once grad_scale is known
+  StepScalars scalars{};       // derived by validation for a by-value step (src/validate.cpp)
 };
 
 }  // namespace lbopt

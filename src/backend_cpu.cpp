@@ -48,10 +48,9 @@ struct StepRun {
   cpu::StepFlags flags;
 };
 
-lbopt_status cpu_adamw_step(StepPlan& plan) {
+lbopt_status cpu_adamw_step(const StepPlan& plan) {
   const DefaultFpEnv fp_env;
   const size_t n = plan.slots.size();
-  const double grad_scale = plan.grad_scale ? double(*plan.grad_scale) : 1.0;  // checked by validation
   if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
     if (plan.skipped) memset(plan.skipped, 1, n);
     return LBOPT_OK;
@@ -75,12 +74,6 @@ lbopt_status cpu_adamw_step(StepPlan& plan) {
     for (size_t t = 0; t < tasks.size(); ++t) skip[tasks[t].slot] |= task_bad[t];
   }
 
-  const bool coupled = plan.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
-  const bool amsgrad = plan.flags & LBOPT_FLAG_AMSGRAD;
-  const bool maximize = plan.flags & LBOPT_FLAG_MAXIMIZE;
-  for (StepSlot& slot : plan.slots)
-    slot.scalars = make_step_scalars(plan.lr, slot.step, plan.beta1, plan.beta2, plan.eps, plan.weight_decay,
-                                     coupled, amsgrad, maximize, grad_scale);
   StepRun run{&plan, &make_tasks(plan, skip),
               {plan.kind, (plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND) != 0, plan.seed}};
   parallel_for(int64_t(run.tasks->size()), [](void* ctx, int64_t t) {

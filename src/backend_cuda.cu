@@ -97,7 +97,7 @@ lbopt_status check_plan_pointers(const StepPlan& plan) {
   return check_pointer(plan.step_scalar, d, "step");
 }
 
-lbopt_status cuda_adamw_step(StepPlan& plan) {
+lbopt_status cuda_adamw_step(const StepPlan& plan) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
@@ -138,10 +138,7 @@ lbopt_status cuda_adamw_step(StepPlan& plan) {
     a.skip = skip + first;
     int64_t blocks = 0;
     for (int i = 0; i < count; ++i) {
-      StepSlot s = plan.slots[first + size_t(i)];
-      if (!plan.lr_scalar)
-        s.scalars = make_step_scalars(plan.lr, s.step, plan.beta1, plan.beta2, plan.eps, plan.weight_decay, coupled,
-                                      amsgrad, maximize, 1.0);  // the kernel applies grad_scale, read there
+      const StepSlot& s = plan.slots[first + size_t(i)];  // scalars derived by validation (by-value lr)
       a.slots[i] = s;
       a.first_block[i] = blocks;
       blocks += (s.numel + block - 1) / block;

@@ -9,6 +9,7 @@
 #include "../kernels/quant.h"
 #include "cuda_probe.h"
 #include "error.h"
+#include "fp_env.h"
 
 namespace lbopt {
 namespace {
@@ -339,6 +340,19 @@ lbopt_status read_host_scalars(StepPlan* plan) {
   return LBOPT_OK;
 }
 
+// The per-slot scalars of a by-value step (lr and step known on the host), derived once here in double precision
+// and in the default floating-point environment. A host grad_scale is folded in; CUDA kernels read theirs on the
+// device and apply it, as they derive the capturable step's scalars from its device lr and step.
+void derive_scalars(StepPlan* plan) {
+  const DefaultFpEnv fp_env;
+  const double grad_scale = plan->device.cls == DeviceClass::kHost && plan->grad_scale ? double(*plan->grad_scale) : 1.0;
+  const uint32_t f = plan->flags;
+  for (StepSlot& slot : plan->slots)
+    slot.scalars = make_step_scalars(plan->lr, slot.step, plan->beta1, plan->beta2, plan->eps, plan->weight_decay,
+                                     f & LBOPT_FLAG_ADAM_COUPLED_DECAY, f & LBOPT_FLAG_AMSGRAD,
+                                     f & LBOPT_FLAG_MAXIMIZE, grad_scale);
+}
+
 }  // namespace
 
 lbopt_layout layout_of(int kind, int64_t numel) {
@@ -461,6 +475,7 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
   plan->beta2 = config->beta2;
   plan->eps = config->eps;
   plan->weight_decay = config->weight_decay;
+  if (!plan->lr_scalar) derive_scalars(plan);
   return LBOPT_OK;
 }
 
