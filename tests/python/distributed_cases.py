@@ -28,9 +28,8 @@ def _entry(rank, world, port, case, out_dir, args):
     torch.save(case(rank, world, *args), os.path.join(out_dir, f"{rank}.pt"))
     dist.barrier()  # every rank's results are written
     # Leave without tearing the process group down: gloo's threads can abort a process in its exit path
-    # ("terminate called without an active exception", seen once in about 60 spawned runs here) after the work is
-    # done. A case
-    # that raises instead takes spawn's normal error path.
+    # ("terminate called without an active exception", seen once in about 60 spawned runs here) after the work
+    # is done. A case that raises takes spawn's normal error path instead.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
