@@ -4,6 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh || exit 1
+# Python test dependencies first: the build looks for jax (the lbopt.jax FFI handler is built where it imports)
+python3 -m pip install -q -r tools/requirements-test.txt || exit 1
 dir=build-test
 if [ -d "$dir" ]; then meson setup --reconfigure "$dir" -Dwerror=true >/dev/null || exit 1
 else meson setup "$dir" -Dwerror=true --buildtype=debugoptimized >/dev/null || exit 1; fi
@@ -18,7 +20,6 @@ fi
 ninja -C "$asan" tests/unit_tests tests/cpu_tests || exit 1
 meson test -C "$asan" --setup asan --no-rebuild --print-errorlogs --suite unit --suite cpu || status=1
 # Python: the package from bindings/python against the library just built
-python3 -m pip install -q -r tools/requirements-test.txt || exit 1
 LBOPT_LIBRARY="$PWD/$dir/liblbopt.so.0" python3 -m pytest -q -p no:cacheprovider --junitxml="$dir/pytest.xml" \
   tests/python || status=1
 # Rust: the crate against the library just built (no registry dependencies: builds offline)

@@ -8,8 +8,8 @@ DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "frameworks.md"
 
 
 def test_frameworks_md_snippets_run():
-    pytest.importorskip("jax")
     pytest.importorskip("optax")
+    pytest.importorskip("lbopt.jax", reason="lbopt was built without the JAX FFI handler")
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     assert len(blocks) >= 4
     namespace = {}
