@@ -126,9 +126,10 @@ typedef struct lbopt_state {
  * stream: a cudaStream_t for CUDA tensors, ignored on CPU. */
 LBOPT_API lbopt_status lbopt_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream);
 
-/* Quantize a float32 tensor (any dense layout, read or written in memory order) into a state, and back. For checkpoints, inspection, conversion from or to a
- * torch.optim.AdamW state, or moving between bit widths. quantize refuses NaN/Inf (LBOPT_ERR_NONFINITE) and,
- * for LBOPT_MOMENT_SECOND, negative values (LBOPT_ERR_INVALID_VALUE), before writing anything. */
+/* Quantize a float32 tensor (any dense layout, read or written in memory order) into a state, and back. For
+ * checkpoints, inspection, conversion from or to a torch.optim.AdamW state, or moving between bit widths.
+ * quantize refuses NaN/Inf (LBOPT_ERR_NONFINITE) and, for LBOPT_MOMENT_SECOND, negative values
+ * (LBOPT_ERR_INVALID_VALUE), before writing anything. */
 LBOPT_API lbopt_status lbopt_quantize(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* src,
                                       lbopt_state dst, void* stream);
 LBOPT_API lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment moment, lbopt_state src,

@@ -116,6 +116,7 @@ lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const
   return guarded([&] {
     thread_local StepPlan plan;  // reused: a warm step allocates nothing
     LBOPT_TRY(validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, &plan));
+    derive_scalars(&plan);
     return backend_for(plan.device).adamw_step(plan);
   });
 }
@@ -140,6 +141,7 @@ lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const
     if (!step) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
     thread_local StepPlan plan;
     LBOPT_TRY(validate_step(config, 0.0, lr, step, slots, n_slots, options, &plan));
+    derive_scalars(&plan);
     return backend_for(plan.device).adamw_step(plan);
   });
 }

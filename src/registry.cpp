@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <utility>
+
 #include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
@@ -196,10 +198,12 @@ lbopt_status invoke_step(const lbopt_op_info& op, lbopt_state_kind kind, const D
   cfg.beta2 = attr(op, a, "beta2").f;
   cfg.eps = attr(op, a, "eps").f;
   cfg.weight_decay = attr(op, a, "weight_decay").f;
-  cfg.flags = (attr(op, a, "adam").i ? LBOPT_FLAG_ADAM_COUPLED_DECAY : 0u) |
-              (attr(op, a, "amsgrad").i ? LBOPT_FLAG_AMSGRAD : 0u) | (attr(op, a, "maximize").i ? LBOPT_FLAG_MAXIMIZE : 0u) |
-              (attr(op, a, "bf16_stochastic_round").i ? LBOPT_FLAG_BF16_STOCHASTIC_ROUND : 0u) |
-              (attr(op, a, "skip_nonfinite").i ? LBOPT_FLAG_SKIP_NONFINITE : 0u);
+  cfg.flags = 0;
+  for (const auto& [name, flag] : {std::pair<const char*, uint32_t>{"adam", LBOPT_FLAG_ADAM_COUPLED_DECAY},
+                                   {"amsgrad", LBOPT_FLAG_AMSGRAD}, {"maximize", LBOPT_FLAG_MAXIMIZE},
+                                   {"bf16_stochastic_round", LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
+                                   {"skip_nonfinite", LBOPT_FLAG_SKIP_NONFINITE}})
+    if (attr(op, a, name).i) cfg.flags |= flag;
   cfg.seed = uint64_t(attr(op, a, "seed").i);
   const int64_t step = lr_t ? 1 : attr(op, a, "step").i;  // the capturable step ignores the slot's
   const lbopt_adamw_slot slot{sizeof slot, t[0], t[1], {t[2], t[3]}, {t[4], t[5]}, {t[6], t[7]}, step};

@@ -316,6 +316,11 @@ lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, 
   return LBOPT_OK;
 }
 
+lbopt_status check_lr(double lr) {
+  if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
+  return LBOPT_OK;
+}
+
 // Host scalars are read and checked here, so that a validated host plan cannot fail; on CUDA the kernels read
 // them and refuse bad values on the device. The capturable lr and step become the plan's by-value ones.
 lbopt_status read_host_scalars(StepPlan* plan) {
@@ -324,7 +329,7 @@ lbopt_status read_host_scalars(StepPlan* plan) {
                                          : double(*static_cast<const float*>(plan->lr_scalar));
     const double step = plan->step_is_int64 ? double(*static_cast<const int64_t*>(plan->step_scalar))
                                             : double(*static_cast<const float*>(plan->step_scalar));
-    if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
+    LBOPT_TRY(check_lr(lr));
     if (!(step >= 1.0 && step < 9.2e18 && step == floor(step)))
       return fail(LBOPT_ERR_INVALID_VALUE, "step = %g must be a whole number >= 1", step);
     plan->lr = lr;
@@ -340,20 +345,19 @@ lbopt_status read_host_scalars(StepPlan* plan) {
   return LBOPT_OK;
 }
 
-// The per-slot scalars of a by-value step (lr and step known on the host), derived once here in double precision
-// and in the default floating-point environment. A host grad_scale is folded in; CUDA kernels read theirs on the
-// device and apply it, as they derive the capturable step's scalars from its device lr and step.
+}  // namespace
+
 void derive_scalars(StepPlan* plan) {
+  if (plan->lr_scalar) return;  // the capturable CUDA step: the kernels derive them from the device lr and step
   const DefaultFpEnv fp_env;
-  const double grad_scale = plan->device.cls == DeviceClass::kHost && plan->grad_scale ? double(*plan->grad_scale) : 1.0;
+  const double grad_scale =
+      plan->device.cls == DeviceClass::kHost && plan->grad_scale ? double(*plan->grad_scale) : 1.0;
   const uint32_t f = plan->flags;
   for (StepSlot& slot : plan->slots)
     slot.scalars = make_step_scalars(plan->lr, slot.step, plan->beta1, plan->beta2, plan->eps, plan->weight_decay,
                                      f & LBOPT_FLAG_ADAM_COUPLED_DECAY, f & LBOPT_FLAG_AMSGRAD,
                                      f & LBOPT_FLAG_MAXIMIZE, grad_scale);
 }
-
-}  // namespace
 
 lbopt_layout layout_of(int kind, int64_t numel) {
   lbopt_layout l{};
@@ -380,8 +384,7 @@ lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
 
 lbopt_status validate_config(const lbopt_adamw_config* config, double lr) {
   LBOPT_TRY(check_config(config));
-  if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
-  return LBOPT_OK;
+  return check_lr(lr);
 }
 
 lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DLTensor* lr_scalar,
@@ -475,7 +478,6 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
   plan->beta2 = config->beta2;
   plan->eps = config->eps;
   plan->weight_decay = config->weight_decay;
-  if (!plan->lr_scalar) derive_scalars(plan);
   return LBOPT_OK;
 }
 

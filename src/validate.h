@@ -59,6 +59,11 @@ lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_sta
 
 lbopt_status validate_kind(lbopt_state_kind kind, const char* name);
 
+// The per-slot scalars of a validated by-value step (lr and step known on the host), derived once in double
+// precision and in the default floating-point environment, for either backend: a host grad_scale is folded in,
+// CUDA kernels read theirs on the device and apply it. The validate-only entry point skips this.
+void derive_scalars(StepPlan* plan);
+
 // The config and a by-value lr, checked as lbopt_adamw_step checks them.
 lbopt_status validate_config(const lbopt_adamw_config* config, double lr);
 

@@ -163,7 +163,8 @@ def eligibility_and_empty_shard(rank, world):
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = nn.ParameterDict({"wide": nn.Parameter(torch.randn(40, 128)), "one_row": nn.Parameter(torch.randn(1, 5000))})
+    model = nn.ParameterDict({"wide": nn.Parameter(torch.randn(40, 128)),
+                              "one_row": nn.Parameter(torch.randn(1, 5000))})
     fully_shard(model, mesh=mesh(world))
     opt = LT.AdamW4bit(model.parameters(), lr=1e-2)
     for _ in range(3):

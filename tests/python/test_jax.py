@@ -110,7 +110,7 @@ def test_a_state_that_does_not_match_the_params_is_refused_at_trace_time():
         jax.jit(tx.update)(grads, other, params)
     w_state = state.m["layer1"]["w"]._replace(codes=jnp.zeros(7, jnp.uint8))
     wrong = state._replace(m={**state.m, "layer1": {"w": w_state, "b": state.m["layer1"]["b"]}})
-    with pytest.raises(ValueError, match=r"codes of state.m for param \['layer1'\]\['w'\] has 7 elements"):
+    with pytest.raises(ValueError, match=r"codes of state.m for param \['layer1'\]\['w'\] have 7 elements"):
         jax.jit(tx.update)(grads, wrong, params)
 
 

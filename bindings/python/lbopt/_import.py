@@ -39,7 +39,8 @@ def moments(entry, what):
         if value is None and bnb_index is not None:
             value = bnb.get("state" + bnb_index)
             if value is not None and value.dtype == torch.uint8:
-                out[name] = ("coded", _abi.STATE_8BIT, value, bnb.get("absmax" + bnb_index), bnb.get("qmap" + bnb_index))
+                absmax, qmap = bnb.get("absmax" + bnb_index), bnb.get("qmap" + bnb_index)
+                out[name] = ("coded", _abi.STATE_8BIT, value, absmax, qmap)
                 if out[name][3] is None or out[name][4] is None:
                     raise ValueError(f"lbopt: the bitsandbytes state{bnb_index} of {what} has no absmax or qmap")
                 continue

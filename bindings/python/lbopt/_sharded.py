@@ -20,6 +20,7 @@ import torch
 
 from . import _abi
 from ._import import unpack
+from .functional import KINDS
 
 
 def dtensor_type():
@@ -69,8 +70,6 @@ def to_checkpoint(state, p, local, what, moments):
     out = {k: v for k, v in state.items() if not torch.is_tensor(v)}
     if out.get("dim_order", tuple(range(local.dim()))) != tuple(range(local.dim())):
         raise ValueError(f"lbopt: {what}: the local shard is not row-major")
-    from .functional import KINDS
-
     kind = KINDS[state["state_kind"]]
     for name in moments:
         if name + "_codes" not in state:
@@ -103,8 +102,6 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook):
     """Fill `state` (fresh local tensors of this optimizer's kind, row-major) from a sharded checkpoint entry,
     as loaded by DCP onto this mesh. codebook(kind, second) gives lbopt's code values. Returns the moments cut
     differently when saved, as (name, moment, float32 values of the local shard) for the caller to encode."""
-    from .functional import KINDS
-
     kind = KINDS[state["state_kind"]]
     reblock = []
     for name, moment in moments:

@@ -38,13 +38,11 @@ def _handler_path():
     env = os.environ.get("LBOPT_JAX_FFI")
     if env:
         return env
-    names = ["liblbopt_jax.so"]
     here = pathlib.Path(__file__).resolve().parent
     lib_dir = pathlib.Path(getattr(_abi.lib, "_name", "")).resolve().parent
-    for d in (here, lib_dir, lib_dir / "bindings" / "jax"):
-        for n in names:
-            if (d / n).exists():
-                return str(d / n)
+    for d in (here, lib_dir):
+        if (d / "liblbopt_jax.so").exists():
+            return str(d / "liblbopt_jax.so")
     raise ImportError("lbopt.jax: the XLA FFI handler liblbopt_jax.so was not found (build lbopt with jax "
                       "importable, or set LBOPT_JAX_FFI)")
 
@@ -57,16 +55,12 @@ class _Op:
     """A registry operator's tensor roles and attribute types."""
 
     def __init__(self, name):
-        op = None
-        for i in range(_abi.lib.lbopt_op_count()):
-            candidate = _abi.lib.lbopt_op_schema(i).contents
-            if candidate.name.decode() == name:
-                op = candidate
+        ops = (_abi.lib.lbopt_op_schema(i).contents for i in range(_abi.lib.lbopt_op_count()))
+        op = next((o for o in ops if o.name.decode() == name), None)
         if op is None:
             raise ValueError(f"lbopt.jax: no lbopt operator is named {name!r}")
         self.name = name
         self.roles = [op.tensors[k].role for k in range(op.n_tensors)]
-        self.tensor_names = [op.tensors[k].name.decode() for k in range(op.n_tensors)]
         self.attr_types = {op.attrs[k].name.decode(): op.attrs[k].type for k in range(op.n_attrs)}
 
 
@@ -166,18 +160,17 @@ class _AdamW:
         lr = self.learning_rate(state.count) if callable(self.learning_rate) else self.learning_rate
         lr = jnp.asarray(lr, jnp.float32)
         step = state.count + 1
-        kinds = self.kinds(params)
-        flat_p, tree = jax.tree_util.tree_flatten(params)
-        flat = [jax.tree_util.tree_leaves(t) for t in (grads, kinds)]
+        with_paths, tree = jax.tree_util.tree_flatten_with_path(params)
+        flat_g, kinds = jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(self.kinds(params))
         ms = jax.tree_util.tree_leaves(state.m, is_leaf=_is_moment)
         vs = jax.tree_util.tree_leaves(state.v, is_leaf=_is_moment)
         new_p, new_m, new_v = [], [], []
-        for p, g, kind, (mc, msc), (vc, vsc), path in zip(flat_p, *flat, ms, vs, _paths(params)):
-            lay = state_layout(kind, p.size)
-            for what, arr, n in (("codes of state.m", mc, lay["codes_numel"]), ("codes of state.v", vc, lay["codes_numel"])):
-                if arr.size != n:
-                    raise ValueError(f"lbopt.jax: {what} for param {jax.tree_util.keystr(path)} has {arr.size} "
-                                     f"elements, a {kind} state of {p.size} elements needs {n}")
+        for (path, p), g, kind, (mc, msc), (vc, vsc) in zip(with_paths, flat_g, kinds, ms, vs):
+            n = state_layout(kind, p.size)["codes_numel"]
+            for what, codes in (("state.m", mc), ("state.v", vc)):
+                if codes.size != n:
+                    raise ValueError(f"lbopt.jax: codes of {what} for param {jax.tree_util.keystr(path)} have "
+                                     f"{codes.size} elements, a {kind} state of {p.size} elements needs {n}")
             out = invoke(f"lbopt.adamw_step_capturable.{kind}", [p, g, mc, msc, vc, vsc, None, None, lr, step, None],
                          **self.attrs)
             p2, mc2, *rest = out
@@ -195,14 +188,6 @@ class _AdamW:
         return jax.tree_util.tree_map(lambda a, b: (a - b).astype(b.dtype), new_params, params), state
 
 
-def _paths(tree):
-    return [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
-def _make(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size):
-    return _AdamW(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
-
-
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2, *, state_kind="4bit", adam=False,
           min_quant_size=4096):
     """AdamW (or Adam with adam=True) with lbopt states as an optax GradientTransformation. learning_rate: a
@@ -210,7 +195,7 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2, *, state
     recompiles). Leaves under min_quant_size keep fp32 states."""
     import optax
 
-    t = _make(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
+    t = _AdamW(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
     return optax.GradientTransformation(t.init, t.update)
 
 
@@ -218,5 +203,5 @@ def adamw_apply(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2, *,
                 min_quant_size=4096):
     """The fused form: (init, apply) with apply(params, grads, state) -> (new params, new state), the params as
     the library computes them (bit-identical to lbopt.functional for the same lr as float32)."""
-    t = _make(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
+    t = _AdamW(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
     return t.init, t.apply

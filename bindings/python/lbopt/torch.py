@@ -58,14 +58,16 @@ def _view(t):
     return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), device, (t, t.untyped_storage()))
 
 
-def _local(t, what):
-    """The tensor lbopt steps for t: t itself, or the local shard of a DTensor (FSDP2's fully_shard, tensor
-    parallel). Shard and Replicate placements are served: each rank steps its shard (a replicated param steps
-    identically everywhere). A Partial placement holds unreduced values, which no elementwise step can serve."""
+def _local(t, p, name):
+    """The tensor lbopt steps for t (param p, or its grad): t itself, or the local shard of a DTensor (FSDP2's
+    fully_shard, tensor parallel). Shard and Replicate placements are served: each rank steps its shard (a
+    replicated param steps identically everywhere). A Partial placement holds unreduced values, which no
+    elementwise step can serve."""
     if not _sharded.is_dtensor(t):
         return t
     for placement in t.placements:
         if not (placement.is_shard() or placement.is_replicate()):
+            what = _what(p, name) if t is p else "the grad of " + _what(p, name)
             raise ValueError(f"lbopt: {what} is a DTensor with a {type(placement).__name__} placement "
                              f"({placement}); lbopt steps Shard and Replicate placements (reduce it first)")
     return t._local_tensor
@@ -109,9 +111,15 @@ def _strides_in_order(shape, order):
     return strides
 
 
+def _same_layout(strides, other, shape):
+    """Whether two stride tuples of one shape put every element at the same memory position (a dim of extent 1
+    may carry any stride)."""
+    return all(a == b for a, b, n in zip(strides, other, shape) if n != 1)
+
+
 def _follows(t, order):
-    """Whether t lies in memory in dim order `order` (extent-1 dims may carry any stride)."""
-    return all(a == b for a, b, n in zip(t.stride(), _strides_in_order(t.shape, order), t.shape) if n != 1)
+    """Whether t lies in memory in dim order `order`."""
+    return _same_layout(t.stride(), _strides_in_order(t.shape, order), t.shape)
 
 
 def _empty_in_order(shape, order, device):
@@ -159,7 +167,7 @@ class _ParamSlot:
             raise TypeError(f"lbopt: {g.layout} gradients are not supported; lbopt steps dense tensors")
         stride = g.stride()
         if (stride != self.param_stride and g.shape == p.shape and g.device == p.device
-                and not all(a == b for a, b, n in zip(stride, self.param_stride, p.shape) if n != 1)):
+                and not _same_layout(stride, self.param_stride, p.shape)):
             g = torch.empty_like(p, dtype=g.dtype).copy_(g)
             stride = g.stride()
         key = (g.dtype, g.shape, stride, g.device)
@@ -176,7 +184,7 @@ class _Call:
     """One lbopt_adamw_step of a step(): the slots of one param group, device and state kind."""
 
     def __init__(self, cfg, lr, device, entries, grad_scale, found_inf, read_skipped):
-        self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad, param's name)
+        self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad, (param, name))
         n = self.n = len(entries)
         self.slots = (_abi.AdamWSlot * n)()
         for i, (_, ps, *_) in enumerate(entries):
@@ -195,20 +203,22 @@ class _Call:
             self.opts.stream = torch.cuda.current_stream(device).cuda_stream
         self.read_skipped = read_skipped
 
-    def validate(self):
-        """The library's verdict on the call, its message naming the param of a refused slot."""
+    def _check(self, entry_point):
+        """Call lbopt_adamw_step or lbopt_adamw_step_validate; a refused slot's message names its param."""
         try:
-            _abi.check(_abi.lib.lbopt_adamw_step_validate(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
-                                                          ctypes.byref(self.opts)))
+            _abi.check(entry_point(ctypes.byref(self.cfg), self.lr, self.slots, self.n, ctypes.byref(self.opts)))
         except _abi.LbOptError as e:
             slot = re.match(r"slots\[(\d+)\]", str(e))
             if slot is None:
                 raise
-            raise type(e)(e.status, f"lbopt: {self.entries[int(slot.group(1))][3]}: {e}") from None
+            raise type(e)(e.status, f"lbopt: {_what(*self.entries[int(slot.group(1))][3])}: {e}") from None
+
+    def validate(self):
+        self._check(_abi.lib.lbopt_adamw_step_validate)
 
     def run(self):
-        _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(self.cfg), self.lr, self.slots, self.n,
-                                             ctypes.byref(self.opts)))
+        """The step (which validates the call before it writes), then the step counts of the slots stepped."""
+        self._check(_abi.lib.lbopt_adamw_step)
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
         flags = self.skipped.tolist() if self.read_skipped else [0] * self.n
         for (state, *_), s in zip(self.entries, flags):
@@ -323,7 +333,7 @@ class LowBitAdamW(torch.optim.Optimizer):
         """Fresh states of p: the kind decided on the (global) param, the tensors sized for what this process
         steps (a DTensor's local shard)."""
         kind = self._kind_for(p, group, name)
-        t = _local(p, _what(p, name))
+        t = _local(p, p, name)
         state = {"step": 0, "state_kind": _KIND_NAMES[kind]}
         _set_order(state, _dim_order(t))
         names = _MOMENTS if group["amsgrad"] else _MOMENTS[:2]
@@ -361,23 +371,30 @@ class LowBitAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._apply()
+        if torch.compiler.is_compiling():
+            self._apply_opaque()
+        else:
+            self._apply_eager()
         return loss
 
     def _apply_eager(self):
-        """Plan every call of this step without changing the optimizer, validate them all, commit the states the
-        plan created or replaced, then run the calls: a refused step writes nothing and creates no state."""
+        """Plan every call of this step without changing the optimizer, validate all calls but the first, run the
+        first (the library validates a call before it writes), commit the states the plan created or replaced,
+        then run the others: a refused step writes nothing and creates no state, and no call is validated twice."""
         pending = {}  # param -> its new state dict
         calls = self._plan(pending)
-        for call in calls:
+        for call in calls[1:]:
             call.validate()
+        if calls:
+            calls[0].run()
         self.state.update(pending)
-        for call in calls:
+        for call in calls[1:]:
             call.run()
 
-    # The library call is opaque to torch.compile: dynamo would otherwise trace into the ctypes internals and hit
-    # its recompile limit; a compiled function calling step() gets one graph break here and runs it eagerly.
-    _apply = torch.compiler.disable(_apply_eager)
+    # Under torch.compile the library call is opaque: dynamo would otherwise trace into the ctypes internals and
+    # hit its recompile limit; a compiled function calling step() gets one graph break here and runs it eagerly.
+    # Eager steps skip the wrapper, which costs about a microsecond per param (bench/bench_overhead.py).
+    _apply_opaque = torch.compiler.disable(_apply_eager)
 
     def _plan(self, pending):
         grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler around step()
@@ -386,13 +403,12 @@ class LowBitAdamW(torch.optim.Optimizer):
         calls = []
         for group in self.param_groups:
             lr = _lr(group)
-            by_call = {}  # (device, kind) -> [(state, slot, grad, what)]
+            by_call = {}  # (device, kind) -> [(state, slot, grad, (param, name))]
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 if p.grad is None:
                     continue
-                what = _what(p, name)
-                t = _local(p, what)
-                g = _local(p.grad, "the grad of " + what)
+                t = _local(p, p, name)
+                g = p.grad if t is p else _local(p.grad, p, name)  # a plain param has a plain grad
                 if g is not p.grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
                     g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
                 old = self.state.get(p)
@@ -401,7 +417,7 @@ class LowBitAdamW(torch.optim.Optimizer):
                     pending[p] = state
                 grad = ps.set_grad(g, t)
                 ps.slot.step = state["step"] + 1
-                by_call.setdefault(ps.call_key, []).append((state, ps, grad, what))
+                by_call.setdefault(ps.call_key, []).append((state, ps, grad, (p, name)))
             for (device, kind), entries in by_call.items():
                 calls.append(_Call(self._config(group, kind), lr, device, entries, grad_scale, found_inf,
                                    read_skipped))
@@ -449,16 +465,15 @@ class LowBitAdamW(torch.optim.Optimizer):
         sd = super().state_dict()
         for pid, (p, _, name) in enumerate(self._params()):
             if pid in sd["state"] and _sharded.is_dtensor(p):
-                what = _what(p, name)
-                sd["state"][pid] = _sharded.to_checkpoint(sd["state"][pid], p, _local(p, what), what,
-                                                          [n for n, _ in _MOMENTS])
+                sd["state"][pid] = _sharded.to_checkpoint(sd["state"][pid], p, _local(p, p, name),
+                                                          _what(p, name), [n for n, _ in _MOMENTS])
         return sd
 
     def _convert_sharded(self, p, group, name, entry):
         """The local state of DTensor param p from its sharded checkpoint form, re-blocked where the checkpoint
         was cut differently."""
         what = _what(p, name)
-        t = _local(p, what)
+        t = _local(p, p, name)
         st = self._init_state(p, group, name)
         if entry.get("state_kind") != st["state_kind"]:
             raise ValueError(f"lbopt: saved state kind {entry.get('state_kind')!r} does not match this optimizer's "
@@ -476,7 +491,7 @@ class LowBitAdamW(torch.optim.Optimizer):
         row-major order the other libraries keep; the first step re-lays them out if p is not row-major);
         otherwise every moment is decoded and encoded in p's memory order."""
         what = _what(p, name)
-        t = _local(p, what)
+        t = _local(p, p, name)
         st = self._init_state(p, group, name)
         kind = KINDS[st["state_kind"]]
         sources, step = _import.moments(entry, what)
@@ -508,7 +523,7 @@ class LowBitAdamW(torch.optim.Optimizer):
             if torch.is_tensor(v) and (k not in st or st[k].shape != v.shape or st[k].dtype != v.dtype):
                 raise ValueError(f"lbopt: saved state {k!r} does not fit {what} with {want['state_kind']} states")
         st["step"] = _step_count(st.get("step"), what)
-        t = _local(p, what)
+        t = _local(p, p, name)
         _set_order(st, _check_dim_order(_state_order(st, t), t))
 
 
@@ -606,7 +621,7 @@ def to_torch_adamw_state_dict(optimizer):
         if not st:
             continue
         kind = KINDS[st["state_kind"]]
-        t = _local(p, _what(p, None))
+        t = _local(p, p, None)
         entry = {"step": torch.tensor(float(st["step"]))}
         for name, moment in _MOMENTS:
             if name + "_codes" in st:
