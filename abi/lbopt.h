@@ -1,5 +1,6 @@
 /*
- * lbopt: low-bit (4-bit, 8-bit, FP8) AdamW/Adam optimizer steps behind a stable C ABI.
+ * lbopt: low-bit (4-bit, 8-bit, FP8) optimizer steps (AdamW/Adam, SGD with momentum, Lion, AdEMAMix) behind a
+ * stable C ABI.
  *
  * A caller hands its own buffers over as DLPack DLTensors (borrowed, never owned), passes the learning rate as
  * a host double on every call, and gets a fused, in-place step. Every function returns an lbopt_status (or a
@@ -19,7 +20,7 @@
 /* ABI version. The major is the SONAME (liblbopt.so.<major>); symbols are never removed or changed within a
  * major, new ones are added in new version-script nodes. meson.build reads these macros. */
 #define LBOPT_VERSION_MAJOR 0
-#define LBOPT_VERSION_MINOR 2
+#define LBOPT_VERSION_MINOR 3
 #define LBOPT_VERSION_PATCH 0
 #define LBOPT_MAKE_VERSION(major, minor, patch) \
   ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor) << 8) | (uint32_t)(patch)))
@@ -93,6 +94,10 @@ typedef enum lbopt_state_kind {
   LBOPT_STATE_KIND_INT32_MIN_ = -0x7fffffff - 1
 } lbopt_state_kind;
 
+/* "4bit", "8bit", "fp8", "fp32": the names bindings use for the kinds; NULL for a value that is no kind.
+ * Since 0.3. */
+LBOPT_API const char* lbopt_state_kind_name(lbopt_state_kind kind);
+
 /* Which moment a state holds: it selects the codebook (signed for m, non-negative for v and AMSGrad's vmax). */
 typedef enum lbopt_moment {
   LBOPT_MOMENT_FIRST = 0, /* m, exp_avg */
@@ -147,7 +152,9 @@ LBOPT_API lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment mome
 #define LBOPT_FLAG_SKIP_NONFINITE 0x10u     /* a slot whose grad has NaN/Inf is left untouched and reported in
                                                options.skipped; without it NaN/Inf reaches the param (as in
                                                torch) but never a quantized state (stored as 0 there) */
-#define LBOPT_FLAGS_ALL 0x1Fu
+#define LBOPT_FLAG_NESTEROV 0x20u           /* SGD (lbopt_step only): Nesterov momentum; needs momentum > 0
+                                               and dampening = 0. Since 0.3 */
+#define LBOPT_FLAGS_ALL 0x1Fu               /* the flags lbopt_adamw_config knows */
 
 typedef struct lbopt_adamw_config {
   uint32_t struct_size;       /* sizeof(lbopt_adamw_config); set by lbopt_adamw_config_init */
@@ -221,6 +228,87 @@ LBOPT_API lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* confi
 LBOPT_API lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const DLTensor* lr,
                                                    const DLTensor* step, const lbopt_adamw_slot* slots,
                                                    size_t n_slots, const lbopt_step_options* options);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Every optimizer: one generic step (since 0.3). An optimizer is a value of lbopt_optimizer and a config of one
+ * size-versioned struct whose fields each optimizer reads or ignores; a slot carries up to LBOPT_MAX_STATES
+ * states, the optimizer's own first (lbopt_optimizer_states lists them). The AdamW entry points above are this
+ * step with LBOPT_OPTIMIZER_ADAMW and give identical results. */
+
+typedef enum lbopt_optimizer {
+  LBOPT_OPTIMIZER_ADAMW = 0,    /* AdamW / Adam (LBOPT_FLAG_ADAM_COUPLED_DECAY), AMSGrad: states exp_avg,
+                                   exp_avg_sq (+ max_exp_avg_sq) */
+  LBOPT_OPTIMIZER_SGD = 1,      /* torch.optim.SGD: momentum, dampening, LBOPT_FLAG_NESTEROV, coupled weight
+                                   decay; state momentum_buffer (none when momentum = 0) */
+  LBOPT_OPTIMIZER_LION = 2,     /* Lion (bitsandbytes' update), decoupled weight decay; state exp_avg */
+  LBOPT_OPTIMIZER_ADEMAMIX = 3, /* AdEMAMix (bitsandbytes' update): states m1, m2, nu */
+  LBOPT_OPTIMIZER_INT32_ = 0x7fffffff, /* not optimizers: the enum spans every int32, whatever a caller passes */
+  LBOPT_OPTIMIZER_INT32_MIN_ = -0x7fffffff - 1
+} lbopt_optimizer;
+
+#define LBOPT_MAX_STATES 3
+
+typedef struct lbopt_optimizer_config {
+  uint32_t struct_size;        /* sizeof(lbopt_optimizer_config); set by lbopt_optimizer_config_init */
+  lbopt_optimizer optimizer;
+  lbopt_state_kind state_kind; /* default LBOPT_STATE_4BIT */
+  uint32_t flags;              /* LBOPT_FLAG_*: ADAM_COUPLED_DECAY and AMSGRAD for AdamW only, NESTEROV for SGD
+                                  only; MAXIMIZE, BF16_STOCHASTIC_ROUND and SKIP_NONFINITE for all */
+  uint64_t seed;               /* stochastic rounding key, default 0 */
+  double beta1;                /* [0, 1). AdamW 0.9, Lion 0.9, AdEMAMix 0.9 (the fast EMA) */
+  double beta2;                /* [0, 1). AdamW 0.999, Lion 0.99 (the momentum's EMA), AdEMAMix 0.999 */
+  double beta3;                /* [0, 1), AdEMAMix: the slow EMA, default 0.9999 */
+  double eps;                  /* finite, >= 0. AdamW and AdEMAMix, default 1e-8 */
+  double weight_decay;         /* finite, >= 0. AdamW 0.01, SGD 0 (coupled, as torch), Lion 0, AdEMAMix 0.01 */
+  double momentum;             /* finite, >= 0, SGD: default 0.9 (0: plain SGD, no state) */
+  double dampening;            /* [0, 1], SGD: default 0 */
+  double alpha;                /* finite, >= 0, AdEMAMix: the slow EMA's weight, default 5 */
+  double t_alpha;              /* finite, >= 0, AdEMAMix: steps of alpha's linear warm-up, 0 (default): none */
+  double t_beta3;              /* finite, >= 0, AdEMAMix: steps of beta3's warm-up, 0 (default): none; needs
+                                  beta1 > 0 and beta3 > 0 */
+} lbopt_optimizer_config;
+
+/* Fill *config with optimizer's defaults above; struct_size: sizeof(lbopt_optimizer_config) as the caller sees
+ * it. */
+LBOPT_API lbopt_status lbopt_optimizer_config_init(lbopt_optimizer_config* config, size_t struct_size,
+                                                   lbopt_optimizer optimizer);
+
+/* The checks lbopt_step makes of config and lr, alone. */
+LBOPT_API lbopt_status lbopt_optimizer_config_validate(const lbopt_optimizer_config* config, double lr);
+
+/* "adamw", "sgd", "lion", "ademamix"; NULL for a value that is no optimizer. */
+LBOPT_API const char* lbopt_optimizer_name(lbopt_optimizer optimizer);
+
+/* One state of an optimizer: its name (as in a torch state dict) and the codebook it is stored on. */
+typedef struct lbopt_state_info {
+  const char* name;   /* static text */
+  int32_t moment;     /* lbopt_moment: for lbopt_quantize / lbopt_dequantize of this state */
+} lbopt_state_info;
+
+/* The states a step of this config reads and writes, in slot order: *n_states of them (0 to LBOPT_MAX_STATES),
+ * described in states[0 .. *n_states). The config is validated as lbopt_step validates it. */
+LBOPT_API lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config,
+                                              lbopt_state_info states[LBOPT_MAX_STATES], size_t* n_states);
+
+/* One parameter tensor and its states, as lbopt_adamw_slot: states[0 .. n) are the optimizer's (n from
+ * lbopt_optimizer_states), the rest {NULL, NULL}. */
+typedef struct lbopt_slot {
+  uint32_t struct_size;  /* sizeof(lbopt_slot); the same in every slot of a call */
+  const DLTensor* param; /* read and written */
+  const DLTensor* grad;  /* read */
+  lbopt_state states[LBOPT_MAX_STATES]; /* read and written */
+  int64_t step;          /* >= 1: the count this step makes */
+} lbopt_slot;
+
+/* The step, its validation alone, and its capturable form: as lbopt_adamw_step, lbopt_adamw_step_validate and
+ * lbopt_adamw_step_capturable, for any optimizer. */
+LBOPT_API lbopt_status lbopt_step(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots,
+                                  size_t n_slots, const lbopt_step_options* options);
+LBOPT_API lbopt_status lbopt_step_validate(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots,
+                                           size_t n_slots, const lbopt_step_options* options);
+LBOPT_API lbopt_status lbopt_step_capturable(const lbopt_optimizer_config* config, const DLTensor* lr,
+                                             const DLTensor* step, const lbopt_slot* slots, size_t n_slots,
+                                             const lbopt_step_options* options);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Operator registry: a host framework that has never seen this header can dlopen the library, walk the operators

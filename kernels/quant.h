@@ -11,7 +11,10 @@
 namespace lbopt {
 
 // Encoded kinds; values match lbopt_state_kind.
-enum StateKind : int { kState4Bit = 0, kState8Bit = 1, kStateFp8 = 2, kStateFp32 = 3 };
+enum StateKind : int { kState4Bit = 0, kState8Bit = 1, kStateFp8 = 2, kStateFp32 = 3, kNumStateKinds = 4 };
+
+// The kinds' names, for every binding and the registry's operator names (through lbopt_state_kind_name).
+inline constexpr const char* kStateKindNames[kNumStateKinds] = {"4bit", "8bit", "fp8", "fp32"};
 
 // Elements per scale block: the only place block sizes are written (torchao's: 128 for 4-bit, 256 for 8-bit and
 // FP8). kMaxBlock bounds every kind's unit of work.

@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "adamw_element.h"
+#include "optimizers.h"
 
 namespace lbopt {
 
@@ -21,8 +21,11 @@ struct StepSlot {
   int64_t step = 0;
   Dtype param_dtype = kFloat32;
   Dtype grad_dtype = kFloat32;
-  StateRef m, v, vmax;         // vmax only with AMSGrad
-  StepScalars scalars{};       // derived by validation for a by-value step (src/validate.cpp)
+  StateRef states[kMaxStates];  // the optimizer's active states first, the rest null
+  // Derived for a by-value step (derive_scalars in src/validate.cpp); the capturable CUDA step derives them on
+  // the device. grad_factor folds in a host grad_scale; CUDA kernels multiply by their device one.
+  float grad_factor = 1.0f;
+  OptScalars scalars{};
 };
 
 }  // namespace lbopt

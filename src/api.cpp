@@ -3,7 +3,9 @@
 #include <string.h>
 
 #include <new>
+#include <vector>
 
+#include "../kernels/quant.h"
 #include "backend.h"
 #include "defaults.h"
 #include "error.h"
@@ -41,6 +43,36 @@ void fill(T* out, size_t size, T value) {
   memset(out, 0, size);
   memcpy(out, &value, sizeof(T));
 }
+
+lbopt_status run_step(const lbopt_optimizer_config* config, double lr, const DLTensor* lr_t, const DLTensor* step_t,
+                      const lbopt_slot* slots, size_t n_slots, const lbopt_step_options* options,
+                      const char* const* fields) {
+  thread_local StepPlan plan;  // reused: a warm step allocates nothing
+  LBOPT_TRY(validate_step(config, lr, lr_t, step_t, slots, n_slots, options, fields, &plan));
+  derive_scalars(&plan);
+  return backend_for(plan.device).step(plan);
+}
+
+lbopt_status run_capturable(const lbopt_optimizer_config* config, const DLTensor* lr, const DLTensor* step,
+                            const lbopt_slot* slots, size_t n_slots, const lbopt_step_options* options,
+                            const char* const* fields) {
+  if (!lr) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
+  if (!step) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
+  return run_step(config, 0.0, lr, step, slots, n_slots, options, fields);
+}
+
+// An AdamW entry point's arguments in the generic form (the slots in a per-thread buffer, reused).
+struct AdamwCall {
+  lbopt_optimizer_config config{};
+  lbopt_status status;
+  AdamwCall(const lbopt_adamw_config* c, const lbopt_adamw_slot* s, size_t n)
+      : status(adamw_as_generic(c, s, n, &config, &buffer())) {}
+  const lbopt_slot* slots() const { return buffer().empty() ? nullptr : buffer().data(); }
+  static std::vector<lbopt_slot>& buffer() {
+    thread_local std::vector<lbopt_slot> b;
+    return b;
+  }
+};
 
 }  // namespace
 }  // namespace lbopt
@@ -91,13 +123,57 @@ lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_s
   return guarded([&] {
     if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
     LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_adamw_config), "struct_size"));
+    const lbopt_optimizer_config d = default_config(LBOPT_OPTIMIZER_ADAMW);
     lbopt_adamw_config c{};
-    c.state_kind = LBOPT_STATE_4BIT;
-    c.beta1 = kDefaultBeta1;
-    c.beta2 = kDefaultBeta2;
-    c.eps = kDefaultEps;
-    c.weight_decay = kDefaultWeightDecay;
+    c.state_kind = d.state_kind;
+    c.beta1 = d.beta1;
+    c.beta2 = d.beta2;
+    c.eps = d.eps;
+    c.weight_decay = d.weight_decay;
     fill(config, struct_size, c);
+    return LBOPT_OK;
+  });
+}
+
+lbopt_status lbopt_optimizer_config_init(lbopt_optimizer_config* config, size_t struct_size,
+                                         lbopt_optimizer optimizer) {
+  return guarded([&] {
+    if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+    LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_optimizer_config), "struct_size"));
+    if (!lbopt_optimizer_name(optimizer))
+      return fail(LBOPT_ERR_INVALID_VALUE, "optimizer = %d is not an lbopt_optimizer", int(optimizer));
+    fill(config, struct_size, default_config(optimizer));
+    return LBOPT_OK;
+  });
+}
+
+lbopt_status lbopt_optimizer_config_validate(const lbopt_optimizer_config* config, double lr) {
+  return guarded([&] { return validate_config(config, lr); });
+}
+
+const char* lbopt_optimizer_name(lbopt_optimizer optimizer) {
+  if (int(optimizer) < 0 || int(optimizer) >= kNumOptimizers) return nullptr;
+  return with_optimizer(int(optimizer), [](auto opt) { return decltype(opt)::kName; });
+}
+
+const char* lbopt_state_kind_name(lbopt_state_kind kind) {
+  return int(kind) >= 0 && int(kind) < kNumStateKinds ? kStateKindNames[int(kind)] : nullptr;
+}
+
+lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config, lbopt_state_info states[LBOPT_MAX_STATES],
+                                    size_t* n_states) {
+  return guarded([&] {
+    if (!states) return fail(LBOPT_ERR_NULL_POINTER, "states: pointer is NULL");
+    if (!n_states) return fail(LBOPT_ERR_NULL_POINTER, "n_states: pointer is NULL");
+    LBOPT_TRY(validate_config(config, 0.0));
+    const Hyper h = hyper_of(*config);
+    const int n = active_states(h);
+    with_optimizer(h.optimizer, [&](auto opt) {
+      using Opt = decltype(opt);
+      for (int k = 0; k < n; ++k)
+        states[k] = {Opt::kStateNames[k], Opt::second_moment(k) ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_FIRST};
+    });
+    *n_states = size_t(n);
     return LBOPT_OK;
   });
 }
@@ -111,25 +187,49 @@ lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_
   });
 }
 
+lbopt_status lbopt_step(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots, size_t n_slots,
+                        const lbopt_step_options* options) {
+  return guarded([&] { return run_step(config, lr, nullptr, nullptr, slots, n_slots, options, kSlotStateFields); });
+}
+
+lbopt_status lbopt_step_validate(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots,
+                                 size_t n_slots, const lbopt_step_options* options) {
+  return guarded([&] {
+    thread_local StepPlan plan;
+    return validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, kSlotStateFields, &plan);
+  });
+}
+
+lbopt_status lbopt_step_capturable(const lbopt_optimizer_config* config, const DLTensor* lr, const DLTensor* step,
+                                   const lbopt_slot* slots, size_t n_slots, const lbopt_step_options* options) {
+  return guarded([&] { return run_capturable(config, lr, step, slots, n_slots, options, kSlotStateFields); });
+}
+
 lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                               size_t n_slots, const lbopt_step_options* options) {
   return guarded([&] {
-    thread_local StepPlan plan;  // reused: a warm step allocates nothing
-    LBOPT_TRY(validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, &plan));
-    derive_scalars(&plan);
-    return backend_for(plan.device).adamw_step(plan);
+    const AdamwCall call(config, slots, n_slots);
+    LBOPT_TRY(call.status);
+    return run_step(&call.config, lr, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields);
   });
 }
 
 lbopt_status lbopt_adamw_config_validate(const lbopt_adamw_config* config, double lr) {
-  return guarded([&] { return validate_config(config, lr); });
+  return guarded([&] {
+    const AdamwCall call(config, nullptr, 0);
+    LBOPT_TRY(call.status);
+    return validate_config(&call.config, lr);
+  });
 }
 
 lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                                        size_t n_slots, const lbopt_step_options* options) {
   return guarded([&] {
+    const AdamwCall call(config, slots, n_slots);
+    LBOPT_TRY(call.status);
     thread_local StepPlan plan;
-    return validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, &plan);
+    return validate_step(&call.config, lr, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields,
+                         &plan);
   });
 }
 
@@ -137,12 +237,9 @@ lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const
                                          const lbopt_adamw_slot* slots, size_t n_slots,
                                          const lbopt_step_options* options) {
   return guarded([&] {
-    if (!lr) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
-    if (!step) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
-    thread_local StepPlan plan;
-    LBOPT_TRY(validate_step(config, 0.0, lr, step, slots, n_slots, options, &plan));
-    derive_scalars(&plan);
-    return backend_for(plan.device).adamw_step(plan);
+    const AdamwCall call(config, slots, n_slots);
+    LBOPT_TRY(call.status);
+    return run_capturable(&call.config, lr, step, call.slots(), n_slots, options, kAdamwStateFields);
   });
 }
 

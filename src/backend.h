@@ -7,7 +7,7 @@ namespace lbopt {
 
 struct Backend {
   const char* name;
-  lbopt_status (*adamw_step)(const StepPlan& plan);
+  lbopt_status (*step)(const StepPlan& plan);
   lbopt_status (*quantize)(const ConvertPlan& plan);
   lbopt_status (*dequantize)(const ConvertPlan& plan);
   lbopt_status (*state_init)(const ConvertPlan& plan);

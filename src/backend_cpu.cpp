@@ -48,7 +48,7 @@ struct StepRun {
   cpu::StepFlags flags;
 };
 
-lbopt_status cpu_adamw_step(const StepPlan& plan) {
+lbopt_status cpu_step(const StepPlan& plan) {
   const DefaultFpEnv fp_env;
   const size_t n = plan.slots.size();
   if (plan.found_inf && *plan.found_inf != 0.0f) {  // AMP overflow: no param or state is written
@@ -75,11 +75,11 @@ lbopt_status cpu_adamw_step(const StepPlan& plan) {
   }
 
   StepRun run{&plan, &make_tasks(plan, skip),
-              {plan.kind, (plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND) != 0, plan.seed}};
+              {plan.hyper, plan.kind, (plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND) != 0, plan.seed}};
   parallel_for(int64_t(run.tasks->size()), [](void* ctx, int64_t t) {
     auto* r = static_cast<StepRun*>(ctx);
     const Task& task = (*r->tasks)[size_t(t)];
-    cpu::adamw_blocks(r->plan->slots[task.slot], r->flags, task.block_begin, task.block_end);
+    cpu::step_blocks(r->plan->slots[task.slot], r->flags, task.block_begin, task.block_end);
   }, &run);
   if (plan.skipped) memcpy(plan.skipped, skip.data(), n);
   return LBOPT_OK;
@@ -121,7 +121,7 @@ lbopt_status cpu_state_init(const ConvertPlan& plan) {
 }  // namespace
 
 const Backend& cpu_backend() {
-  static const Backend b{"cpu", cpu_adamw_step, cpu_quantize, cpu_dequantize, cpu_state_init};
+  static const Backend b{"cpu", cpu_step, cpu_quantize, cpu_dequantize, cpu_state_init};
   return b;
 }
 

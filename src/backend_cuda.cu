@@ -86,9 +86,12 @@ lbopt_status check_plan_pointers(const StepPlan& plan) {
     const long long n = (long long)i;
     LBOPT_TRY(check_pointer(s.param, d, "param", n));
     LBOPT_TRY(check_pointer(s.grad, d, "grad", n));
-    LBOPT_TRY(check_state_pointers(s.m, d, "m.codes", "m.scales", n));
-    LBOPT_TRY(check_state_pointers(s.v, d, "v.codes", "v.scales", n));
-    LBOPT_TRY(check_state_pointers(s.vmax, d, "vmax.codes", "vmax.scales", n));
+    for (int k = 0; k < kMaxStates; ++k) {
+      char codes[32], scales[32];
+      snprintf(codes, sizeof codes, "states[%d].codes", k);
+      snprintf(scales, sizeof scales, "states[%d].scales", k);
+      LBOPT_TRY(check_state_pointers(s.states[k], d, codes, scales, n));
+    }
   }
   LBOPT_TRY(check_pointer(plan.grad_scale, d, "options.grad_scale"));
   LBOPT_TRY(check_pointer(plan.found_inf, d, "options.found_inf"));
@@ -97,7 +100,7 @@ lbopt_status check_plan_pointers(const StepPlan& plan) {
   return check_pointer(plan.step_scalar, d, "step");
 }
 
-lbopt_status cuda_adamw_step(const StepPlan& plan) {
+lbopt_status cuda_step(const StepPlan& plan) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
@@ -105,9 +108,6 @@ lbopt_status cuda_adamw_step(const StepPlan& plan) {
   LBOPT_TRY(check_plan_pointers(plan));
 
   const size_t n = plan.slots.size();
-  const bool coupled = plan.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
-  const bool amsgrad = plan.flags & LBOPT_FLAG_AMSGRAD;
-  const bool maximize = plan.flags & LBOPT_FLAG_MAXIMIZE;
   // Per-slot skip flags: the caller's options.skipped, or stream-ordered scratch (pooled, no synchronization).
   uint8_t* skip = plan.skipped;
   if (!skip) LBOPT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&skip), n, stream), "cudaMallocAsync");
@@ -126,13 +126,7 @@ lbopt_status cuda_adamw_step(const StepPlan& plan) {
     a.step_scalar = plan.step_scalar;
     a.lr_is_double = plan.lr_is_double;
     a.step_is_int64 = plan.step_is_int64;
-    a.beta1 = plan.beta1;
-    a.beta2 = plan.beta2;
-    a.eps = plan.eps;
-    a.weight_decay = plan.weight_decay;
-    a.coupled_decay = coupled;
-    a.amsgrad = amsgrad;
-    a.maximize = maximize;
+    a.hyper = plan.hyper;
     a.grad_scale = plan.grad_scale;
     a.found_inf = plan.found_inf;
     a.skip = skip + first;
@@ -148,7 +142,7 @@ lbopt_status cuda_adamw_step(const StepPlan& plan) {
     if (blocks == 0) continue;
     cudaError_t e = cudaSuccess;
     if (plan.flags & LBOPT_FLAG_SKIP_NONFINITE) e = cuda::launch_nonfinite_scan(a, stream);
-    if (e == cudaSuccess) e = cuda::launch_adamw(a, stream);
+    if (e == cudaSuccess) e = cuda::launch_step(a, stream);
     if (e != cudaSuccess) status = cuda_fail(e, "step kernel launch");
   }
   if (!plan.skipped) {
@@ -193,7 +187,7 @@ lbopt_status cuda_state_init(const ConvertPlan& plan) {
 }  // namespace
 
 const Backend& cuda_backend() {
-  static const Backend b{"cuda", cuda_adamw_step, cuda_quantize, cuda_dequantize, cuda_state_init};
+  static const Backend b{"cuda", cuda_step, cuda_quantize, cuda_dequantize, cuda_state_init};
   return b;
 }
 

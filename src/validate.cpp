@@ -8,6 +8,7 @@
 
 #include "../kernels/quant.h"
 #include "cuda_probe.h"
+#include "defaults.h"
 #include "error.h"
 #include "fp_env.h"
 
@@ -289,22 +290,68 @@ lbopt_status check_unit_interval(double x, const char* name) {
   return LBOPT_OK;
 }
 
-lbopt_status check_config(const lbopt_adamw_config* c) {
-  if (!c) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
-  if (c->struct_size != sizeof(lbopt_adamw_config))
-    return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use lbopt_adamw_config_init)",
-                c->struct_size, sizeof(lbopt_adamw_config));
-  LBOPT_TRY(validate_kind(c->state_kind, "config.state_kind"));
-  LBOPT_TRY(check_unit_interval(c->beta1, "config.beta1"));
-  LBOPT_TRY(check_unit_interval(c->beta2, "config.beta2"));
-  if (!(c->eps >= 0.0 && isfinite(c->eps)))
-    return fail(LBOPT_ERR_INVALID_VALUE, "config.eps = %g must be finite and >= 0", c->eps);
-  if (!(c->weight_decay >= 0.0 && isfinite(c->weight_decay)))
-    return fail(LBOPT_ERR_INVALID_VALUE, "config.weight_decay = %g must be finite and >= 0", c->weight_decay);
-  if (c->flags & ~LBOPT_FLAGS_ALL)
-    return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", c->flags,
-                c->flags & ~LBOPT_FLAGS_ALL);
+lbopt_status check_finite_nonneg(double x, const char* name) {
+  if (!(x >= 0.0 && isfinite(x))) return fail(LBOPT_ERR_INVALID_VALUE, "%s = %g must be finite and >= 0", name, x);
   return LBOPT_OK;
+}
+
+constexpr uint32_t kCommonFlags = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE;
+constexpr uint32_t kKnownFlags = LBOPT_FLAGS_ALL | LBOPT_FLAG_NESTEROV;
+
+// Each optimizer's own flags and ranges; fields an optimizer does not read are not checked.
+lbopt_status check_optimizer_fields(const lbopt_optimizer_config& c) {
+  uint32_t allowed = kCommonFlags;
+  switch (c.optimizer) {
+    case LBOPT_OPTIMIZER_ADAMW:
+      allowed |= LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD;
+      LBOPT_TRY(check_unit_interval(c.beta1, "config.beta1"));
+      LBOPT_TRY(check_unit_interval(c.beta2, "config.beta2"));
+      LBOPT_TRY(check_finite_nonneg(c.eps, "config.eps"));
+      break;
+    case LBOPT_OPTIMIZER_SGD:
+      allowed |= LBOPT_FLAG_NESTEROV;
+      LBOPT_TRY(check_finite_nonneg(c.momentum, "config.momentum"));
+      if (!(c.dampening >= 0.0 && c.dampening <= 1.0))
+        return fail(LBOPT_ERR_INVALID_VALUE, "config.dampening = %g is outside [0, 1]", c.dampening);
+      if ((c.flags & LBOPT_FLAG_NESTEROV) && !(c.momentum > 0.0 && c.dampening == 0.0))
+        return fail(LBOPT_ERR_INVALID_VALUE, "config.flags: LBOPT_FLAG_NESTEROV needs config.momentum > 0 and "
+                    "config.dampening = 0 (they are %g and %g)", c.momentum, c.dampening);
+      break;
+    case LBOPT_OPTIMIZER_LION:
+      LBOPT_TRY(check_unit_interval(c.beta1, "config.beta1"));
+      LBOPT_TRY(check_unit_interval(c.beta2, "config.beta2"));
+      break;
+    default:  // AdEMAMix
+      LBOPT_TRY(check_unit_interval(c.beta1, "config.beta1"));
+      LBOPT_TRY(check_unit_interval(c.beta2, "config.beta2"));
+      LBOPT_TRY(check_unit_interval(c.beta3, "config.beta3"));
+      LBOPT_TRY(check_finite_nonneg(c.eps, "config.eps"));
+      LBOPT_TRY(check_finite_nonneg(c.alpha, "config.alpha"));
+      LBOPT_TRY(check_finite_nonneg(c.t_alpha, "config.t_alpha"));
+      LBOPT_TRY(check_finite_nonneg(c.t_beta3, "config.t_beta3"));
+      if (c.t_beta3 > 0.0 && !(c.beta1 > 0.0 && c.beta3 > 0.0))
+        return fail(LBOPT_ERR_INVALID_VALUE, "config.t_beta3 = %g: the beta3 warm-up needs config.beta1 > 0 and "
+                    "config.beta3 > 0 (they are %g and %g)", c.t_beta3, c.beta1, c.beta3);
+  }
+  LBOPT_TRY(check_finite_nonneg(c.weight_decay, "config.weight_decay"));
+  if (c.flags & ~allowed)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has bits 0x%x that %s does not know", c.flags,
+                c.flags & ~allowed, lbopt_optimizer_name(c.optimizer));
+  return LBOPT_OK;
+}
+
+lbopt_status check_config(const lbopt_optimizer_config* c) {
+  if (!c) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+  if (c->struct_size != sizeof(lbopt_optimizer_config))
+    return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use "
+                "lbopt_optimizer_config_init)", c->struct_size, sizeof(lbopt_optimizer_config));
+  if (!lbopt_optimizer_name(c->optimizer))
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.optimizer = %d is not an lbopt_optimizer", int(c->optimizer));
+  LBOPT_TRY(validate_kind(c->state_kind, "config.state_kind"));
+  if (c->flags & ~kKnownFlags)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", c->flags,
+                c->flags & ~kKnownFlags);
+  return check_optimizer_fields(*c);
 }
 
 lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, const float** out) {
@@ -316,10 +363,7 @@ lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, 
   return LBOPT_OK;
 }
 
-lbopt_status check_lr(double lr) {
-  if (!(lr >= 0.0 && isfinite(lr))) return fail(LBOPT_ERR_INVALID_VALUE, "lr = %g must be finite and >= 0", lr);
-  return LBOPT_OK;
-}
+lbopt_status check_lr(double lr) { return check_finite_nonneg(lr, "lr"); }
 
 // Host scalars are read and checked here, so that a validated host plan cannot fail; on CUDA the kernels read
 // them and refuse bad values on the device. The capturable lr and step become the plan's by-value ones.
@@ -347,16 +391,70 @@ lbopt_status read_host_scalars(StepPlan* plan) {
 
 }  // namespace
 
+const char* const kSlotStateFields[kMaxStates] = {"states[0]", "states[1]", "states[2]"};
+const char* const kAdamwStateFields[kMaxStates] = {"m", "v", "vmax"};
+
 void derive_scalars(StepPlan* plan) {
   if (plan->lr_scalar) return;  // the capturable CUDA step: the kernels derive them from the device lr and step
   const DefaultFpEnv fp_env;
   const double grad_scale =
       plan->device.cls == DeviceClass::kHost && plan->grad_scale ? double(*plan->grad_scale) : 1.0;
-  const uint32_t f = plan->flags;
-  for (StepSlot& slot : plan->slots)
-    slot.scalars = make_step_scalars(plan->lr, slot.step, plan->beta1, plan->beta2, plan->eps, plan->weight_decay,
-                                     f & LBOPT_FLAG_ADAM_COUPLED_DECAY, f & LBOPT_FLAG_AMSGRAD,
-                                     f & LBOPT_FLAG_MAXIMIZE, grad_scale);
+  const float factor = grad_factor(grad_scale, plan->hyper.maximize);
+  for (StepSlot& slot : plan->slots) {
+    slot.grad_factor = factor;
+    slot.scalars = make_scalars(plan->hyper, plan->lr, slot.step);
+  }
+}
+
+Hyper hyper_of(const lbopt_optimizer_config& c) {
+  Hyper h;
+  h.optimizer = int(c.optimizer);
+  h.beta1 = c.beta1;
+  h.beta2 = c.beta2;
+  h.beta3 = c.beta3;
+  h.eps = c.eps;
+  h.weight_decay = c.weight_decay;
+  h.momentum = c.momentum;
+  h.dampening = c.dampening;
+  h.alpha = c.alpha;
+  h.t_alpha = c.t_alpha;
+  h.t_beta3 = c.t_beta3;
+  h.coupled_decay = c.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
+  h.amsgrad = c.flags & LBOPT_FLAG_AMSGRAD;
+  h.nesterov = c.flags & LBOPT_FLAG_NESTEROV;
+  h.maximize = c.flags & LBOPT_FLAG_MAXIMIZE;
+  return h;
+}
+
+lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const lbopt_adamw_slot* slots, size_t n_slots,
+                              lbopt_optimizer_config* out_config, std::vector<lbopt_slot>* out_slots) {
+  if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+  if (config->struct_size != sizeof(lbopt_adamw_config))
+    return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use lbopt_adamw_config_init)",
+                config->struct_size, sizeof(lbopt_adamw_config));
+  if (config->flags & ~LBOPT_FLAGS_ALL)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", config->flags,
+                config->flags & ~LBOPT_FLAGS_ALL);
+  lbopt_optimizer_config c = default_config(LBOPT_OPTIMIZER_ADAMW);
+  c.state_kind = config->state_kind;
+  c.beta1 = config->beta1;
+  c.beta2 = config->beta2;
+  c.eps = config->eps;
+  c.weight_decay = config->weight_decay;
+  c.flags = config->flags;
+  c.seed = config->seed;
+  *out_config = c;
+  out_slots->clear();
+  if (!slots) return LBOPT_OK;  // the generic validation names a NULL slots pointer
+  out_slots->reserve(n_slots);
+  for (size_t i = 0; i < n_slots; ++i) {
+    const lbopt_adamw_slot& s = slots[i];
+    if (s.struct_size != sizeof(lbopt_adamw_slot))
+      return fail(LBOPT_ERR_STRUCT_SIZE, "slots[%zu].struct_size = %u, this library knows %zu", i, s.struct_size,
+                  sizeof(lbopt_adamw_slot));
+    out_slots->push_back(lbopt_slot{sizeof(lbopt_slot), s.param, s.grad, {s.m, s.v, s.vmax}, s.step});
+  }
+  return LBOPT_OK;
 }
 
 lbopt_layout layout_of(int kind, int64_t numel) {
@@ -382,14 +480,14 @@ lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
   return LBOPT_OK;
 }
 
-lbopt_status validate_config(const lbopt_adamw_config* config, double lr) {
+lbopt_status validate_config(const lbopt_optimizer_config* config, double lr) {
   LBOPT_TRY(check_config(config));
   return check_lr(lr);
 }
 
-lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DLTensor* lr_scalar,
-                           const DLTensor* step_scalar, const lbopt_adamw_slot* slots, size_t n_slots,
-                           const lbopt_step_options* options, StepPlan* plan) {
+lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, const DLTensor* lr_scalar,
+                           const DLTensor* step_scalar, const lbopt_slot* slots, size_t n_slots,
+                           const lbopt_step_options* options, const char* const* state_fields, StepPlan* plan) {
   const bool capturable = lr_scalar || step_scalar;
   if (capturable) LBOPT_TRY(check_config(config));
   else LBOPT_TRY(validate_config(config, lr));
@@ -402,16 +500,17 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
                 options->struct_size, sizeof(lbopt_step_options));
 
   const int kind = config->state_kind;
-  const bool amsgrad = config->flags & LBOPT_FLAG_AMSGRAD;
+  const Hyper hyper = hyper_of(*config);
+  const int n_states = active_states(hyper);
   CallChecker ck;
   plan->slots.clear();
   plan->slots.reserve(n_slots);
   for (size_t i = 0; i < n_slots; ++i) {
     const auto arg = [i](const char* field) { return ArgName{"slots", int64_t(i), field}; };
-    const lbopt_adamw_slot& s = slots[i];
-    if (s.struct_size != sizeof(lbopt_adamw_slot))
+    const lbopt_slot& s = slots[i];
+    if (s.struct_size != sizeof(lbopt_slot))
       return fail(LBOPT_ERR_STRUCT_SIZE, "slots[%zu].struct_size = %u, this library knows %zu", i, s.struct_size,
-                  sizeof(lbopt_adamw_slot));
+                  sizeof(lbopt_slot));
     if (!capturable && s.step < 1)
       return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].step = %lld must be >= 1", i, (long long)s.step);
     StepSlot out;
@@ -429,12 +528,13 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
     out.grad = g.data;
     out.numel = p.numel;
     out.step = s.step;
-    LBOPT_TRY(check_state(ck, kind, p.numel, s.m, arg("m"), Access::kWrite, &out.m));
-    LBOPT_TRY(check_state(ck, kind, p.numel, s.v, arg("v"), Access::kWrite, &out.v));
-    if (amsgrad) {
-      LBOPT_TRY(check_state(ck, kind, p.numel, s.vmax, arg("vmax"), Access::kWrite, &out.vmax));
-    } else if (s.vmax.codes || s.vmax.scales) {
-      return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].vmax: given without LBOPT_FLAG_AMSGRAD; pass {NULL, NULL}", i);
+    for (int k = 0; k < kMaxStates; ++k) {
+      if (k < n_states) {
+        LBOPT_TRY(check_state(ck, kind, p.numel, s.states[k], arg(state_fields[k]), Access::kWrite, &out.states[k]));
+      } else if (s.states[k].codes || s.states[k].scales) {
+        return fail(LBOPT_ERR_INVALID_VALUE, "slots[%zu].%s: given, but a %s step of this config uses %d "
+                    "state(s); pass {NULL, NULL}", i, state_fields[k], lbopt_optimizer_name(config->optimizer), n_states);
+      }
     }
     plan->slots.push_back(out);
   }
@@ -472,12 +572,9 @@ lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DL
   plan->lr = lr;
   if (plan->device.cls == DeviceClass::kHost) LBOPT_TRY(read_host_scalars(plan));
   plan->kind = kind;
+  plan->hyper = hyper;
   plan->flags = config->flags;
   plan->seed = config->seed;
-  plan->beta1 = config->beta1;
-  plan->beta2 = config->beta2;
-  plan->eps = config->eps;
-  plan->weight_decay = config->weight_decay;
   return LBOPT_OK;
 }
 

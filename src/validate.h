@@ -21,9 +21,10 @@ struct Device {
 struct StepPlan {
   Device device;
   int kind = 0;
+  Hyper hyper;
   uint32_t flags = 0;
   uint64_t seed = 0;
-  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double lr = 0;
   std::vector<StepSlot> slots;
   const void* lr_scalar = nullptr;    // capturable: lr and step read from these at run time (then lr and
   const void* step_scalar = nullptr;  // the slots' steps are filled in by the backend)
@@ -45,10 +46,19 @@ struct ConvertPlan {
   void* stream = nullptr;
 };
 
-// lr_scalar / step_scalar: the capturable variant's device scalars (NULL for the by-value step).
-lbopt_status validate_step(const lbopt_adamw_config* config, double lr, const DLTensor* lr_scalar,
-                           const DLTensor* step_scalar, const lbopt_adamw_slot* slots, size_t n_slots,
-                           const lbopt_step_options* options, StepPlan* plan);
+// lr_scalar / step_scalar: the capturable variant's device scalars (NULL for the by-value step). state_fields:
+// how messages name a slot's states ("m", "v", "vmax" for lbopt_adamw_slot, "states[k]" for lbopt_slot).
+lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, const DLTensor* lr_scalar,
+                           const DLTensor* step_scalar, const lbopt_slot* slots, size_t n_slots,
+                           const lbopt_step_options* options, const char* const* state_fields, StepPlan* plan);
+
+extern const char* const kSlotStateFields[kMaxStates];   // "states[0]", ...
+extern const char* const kAdamwStateFields[kMaxStates];  // "m", "v", "vmax"
+
+// An AdamW-entry-point call as the generic one: config and slots checked for their own struct sizes and flags,
+// then translated (the generic validation checks the rest).
+lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const lbopt_adamw_slot* slots, size_t n_slots,
+                              lbopt_optimizer_config* out_config, std::vector<lbopt_slot>* out_slots);
 
 // to_state: quantize (values read, state written); otherwise dequantize.
 lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* values, lbopt_state state,
@@ -64,8 +74,11 @@ lbopt_status validate_kind(lbopt_state_kind kind, const char* name);
 // CUDA kernels read theirs on the device and apply it. The validate-only entry point skips this.
 void derive_scalars(StepPlan* plan);
 
-// The config and a by-value lr, checked as lbopt_adamw_step checks them.
-lbopt_status validate_config(const lbopt_adamw_config* config, double lr);
+// The config and a by-value lr, checked as lbopt_step checks them.
+lbopt_status validate_config(const lbopt_optimizer_config* config, double lr);
+
+// The hyper-parameters of a config that validate_config accepted.
+Hyper hyper_of(const lbopt_optimizer_config& config);
 
 // Sizes of one state of a valid kind (numel in [0, INT64_MAX / 4]).
 lbopt_layout layout_of(int kind, int64_t numel);

@@ -8,17 +8,19 @@
 
 namespace lbopt::cpu {
 
+// What every slot of a call shares.
 struct StepFlags {
+  Hyper hyper;            // the optimizer and what selects its states (the numbers are in the slots' scalars)
   int kind;
   bool stochastic_round;  // bfloat16 params only
   uint64_t seed;
 };
 
-void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
+void step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
 
-// The SIMD kernels (adamw_simd.cpp) on the whole blocks they support, from block_begin on; returns the first
+// The SIMD kernels (step_simd.cpp) on the whole blocks they support, from block_begin on; returns the first
 // block they did not do, which the portable kernels then take.
-int64_t adamw_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
+int64_t step_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
 
 // The same for lbopt_quantize / lbopt_dequantize.
 int64_t quantize_blocks_simd(const StateCodec& codec, const float* src, StateRef dst, int64_t numel,

@@ -1,7 +1,6 @@
 #include <cub/warp/warp_reduce.cuh>
 #include <cuda/functional>
 
-#include "../adamw_element.h"
 #include "../dtype_convert.h"
 #include "../quant.h"
 #include "codebooks_device.cuh"
@@ -9,6 +8,8 @@
 
 namespace lbopt::cuda {
 namespace {
+
+#include "../optim/updates.h"
 
 constexpr int kThreads = 256;  // 8 warps per CTA
 constexpr int kWarps = kThreads / 32;
@@ -102,8 +103,8 @@ __device__ __forceinline__ int slot_of(const StepLaunch& a, int64_t block) {
   return lo;
 }
 
-template <int KIND>
-__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ StepLaunch a) {
+template <class Opt, int KIND>
+__global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ StepLaunch a) {
   using G = Geometry<KIND>;
   constexpr int E = G::kPerLane;
   const int lane = threadIdx.x & 31;
@@ -112,11 +113,10 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
 
   // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
   bool skip_all = a.found_inf && *a.found_inf != 0.0f;
-  float inv_scale = 1.0f;
+  double grad_scale = 1.0;
   if (a.grad_scale) {
-    const double gs = *a.grad_scale;
-    inv_scale = float(1.0 / gs);
-    skip_all |= !(gs > 0.0 && isfinite(gs) && isfinite(inv_scale));
+    grad_scale = *a.grad_scale;
+    skip_all |= !(grad_scale > 0.0 && isfinite(grad_scale) && isfinite(float(1.0 / grad_scale)));
   }
   double lr = 0.0, step = 0.0;
   if (a.lr_scalar) {
@@ -129,45 +129,39 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
     for (int64_t i = warp0 * 32 + lane; i < a.n_slots; i += n_warps * 32) a.skip[i] = 1;
     return;
   }
-  const StateCodec cm = device_codec(KIND, false), cv = device_codec(KIND, true);
+  const int n_states = Opt::states(a.hyper);
+  StateCodec codec[kMaxStates];
+  for (int k = 0; k < n_states; ++k) codec[k] = device_codec(KIND, Opt::second_moment(k));
+  const float device_factor = a.grad_scale ? grad_factor(grad_scale, false) : 1.0f;
   for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
     const int s = slot_of(a, w);
     if (a.skip[s]) continue;  // a non-finite gradient somewhere in this tensor
     const StepSlot& sl = a.slots[s];
     const int64_t slot_step = a.lr_scalar ? int64_t(step) : sl.step;
-    StepScalars sc = a.lr_scalar ? make_step_scalars(lr, slot_step, a.beta1, a.beta2, a.eps, a.weight_decay,
-                                                     a.coupled_decay, a.amsgrad, a.maximize, 1.0)
-                                 : sl.scalars;
-    sc.grad_factor *= inv_scale;
+    const OptScalars scalars = a.lr_scalar ? make_scalars(a.hyper, lr, slot_step) : sl.scalars;
+    const typename Opt::Scalars& sc = scalars.template get<Opt>();
+    const float factor = (a.lr_scalar ? grad_factor(1.0, a.hyper.maximize) : sl.grad_factor) * device_factor;
     const int64_t b = w - a.first_block[s];
     const int64_t start = b * G::kBlock;
     const int64_t n = min(G::kBlock, sl.numel - start);
-    const bool ams = sc.amsgrad;
-    float sm = 0.0f, sv = 0.0f, svm = 0.0f;
-    if (KIND != kStateFp32) {
-      sm = sl.m.scales[b];
-      sv = sl.v.scales[b];
-      if (ams) svm = sl.vmax.scales[b];
-    }
+    float scale[kMaxStates] = {};
+    if (KIND != kStateFp32)
+      for (int k = 0; k < n_states; ++k) scale[k] = sl.states[k].scales[b];
     int64_t local[E];
-    float m[E], v[E], vm[E];
+    float x[kMaxStates][E];
 #pragma unroll
-    for (int k = 0; k < E; ++k) {
-      local[k] = G::local(lane, k);
-      m[k] = v[k] = vm[k] = 0.0f;
-      if (local[k] >= n) continue;
-      const int64_t e = start + local[k];
-      m[k] = load_state<KIND>(cm, sl.m, e, sm);
-      v[k] = load_state<KIND>(cv, sl.v, e, sv);
-      if (ams) vm[k] = load_state<KIND>(cv, sl.vmax, e, svm);
+    for (int j = 0; j < E; ++j) {
+      local[j] = G::local(lane, j);
+      x[0][j] = x[1][j] = x[2][j] = 0.0f;
+      if (local[j] >= n) continue;
+      const int64_t e = start + local[j];
+      for (int k = 0; k < n_states; ++k) x[k][j] = load_state<KIND>(codec[k], sl.states[k], e, scale[k]);
       float p = load_elem(sl.param_dtype, sl.param, e);
-      adamw_element(sc, p, load_elem(sl.grad_dtype, sl.grad, e), m[k], v[k], vm[k]);
+      update<ScalarOps>(sc, p, load_elem(sl.grad_dtype, sl.grad, e) * factor, x[0][j], x[1][j], x[2][j]);
       store_param(sl, e, p, a.stochastic_round, a.seed, slot_step);
     }
     __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
-    store_block<KIND, E>(cm, sl.m, b, start, n, local, m, lane);
-    store_block<KIND, E>(cv, sl.v, b, start, n, local, v, lane);
-    if (ams) store_block<KIND, E>(cv, sl.vmax, b, start, n, local, vm, lane);
+    for (int k = 0; k < n_states; ++k) store_block<KIND, E>(codec[k], sl.states[k], b, start, n, local, x[k], lane);
     __syncwarp();
   }
 }
@@ -234,9 +228,14 @@ cudaError_t launch_kind(int kind, int64_t warps, cudaStream_t stream, const Args
   return cudaGetLastError();
 }
 
-template <int K>
-struct AdamW {
-  static void launch(int grid, cudaStream_t s, const StepLaunch& a) { adamw_kernel<K><<<grid, kThreads, 0, s>>>(a); }
+template <class Opt>
+struct Step {
+  template <int K>
+  struct Kind {
+    static void launch(int grid, cudaStream_t s, const StepLaunch& a) {
+      step_kernel<Opt, K><<<grid, kThreads, 0, s>>>(a);
+    }
+  };
 };
 template <int K>
 struct Nonfinite {
@@ -257,8 +256,10 @@ cudaError_t launch_nonfinite_scan(const StepLaunch& a, cudaStream_t stream) {
   return launch_kind<Nonfinite>(a.kind, a.total_blocks, stream, a);
 }
 
-cudaError_t launch_adamw(const StepLaunch& a, cudaStream_t stream) {
-  return launch_kind<AdamW>(a.kind, a.total_blocks, stream, a);
+cudaError_t launch_step(const StepLaunch& a, cudaStream_t stream) {
+  return with_optimizer(a.hyper.optimizer, [&](auto opt) {
+    return launch_kind<Step<decltype(opt)>::template Kind>(a.kind, a.total_blocks, stream, a);
+  });
 }
 
 cudaError_t launch_convert(const ConvertLaunch& a, cudaStream_t stream) {

@@ -16,6 +16,7 @@ constexpr int kMaxSlotsPerLaunch = 128;
 struct StepLaunch {
   int n_slots;
   int kind;
+  Hyper hyper;
   bool stochastic_round;
   uint64_t seed;
   // capturable: lr and step read on the device, scalars recomputed there in double precision
@@ -23,8 +24,6 @@ struct StepLaunch {
   const void* step_scalar;
   bool lr_is_double;
   bool step_is_int64;
-  double beta1, beta2, eps, weight_decay;
-  bool coupled_decay, amsgrad, maximize;
   const float* grad_scale;  // AMP, read on the device
   const float* found_inf;
   uint8_t* skip;            // [n_slots]: 1 = leave the slot untouched (non-finite scan), doubles as the output
@@ -43,7 +42,7 @@ struct ConvertLaunch {
 };
 
 cudaError_t launch_nonfinite_scan(const StepLaunch& a, cudaStream_t stream);
-cudaError_t launch_adamw(const StepLaunch& a, cudaStream_t stream);
+cudaError_t launch_step(const StepLaunch& a, cudaStream_t stream);
 cudaError_t launch_convert(const ConvertLaunch& a, cudaStream_t stream);
 
 }  // namespace lbopt::cuda

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# No Arm machine is at hand, so the Arm SIMD kernels are at least compiled: kernels/cpu/adamw_simd.cpp for an
+# No Arm machine is at hand, so the Arm SIMD kernels are at least compiled: kernels/cpu/step_simd.cpp for an
 # aarch64 -march with warnings as errors, then the object must hold the step kernels of the four state kinds
 # for each Highway target named. Exit 77 (skip) without clang or the Debian aarch64 cross headers.
 # usage: cross_compile_simd.sh SOURCE_ROOT MARCH TARGET...      e.g. ... armv8.2-a+sve SVE SVE_256
@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 mkdir "$work/inc" && ln -s /usr/include/hwy "$work/inc/hwy"  # only Highway from the host's headers
 clang++ --target=aarch64-linux-gnu -march="$march" -std=c++17 -O2 -Wall -Wextra -Wpedantic -Werror \
   -I"$root" -I"$root/abi" -isystem "$work/inc" -isystem "$cxxdir" -isystem "$cxxdir/aarch64-linux-gnu" \
-  -isystem "$sysroot" -c "$root/kernels/cpu/adamw_simd.cpp" -o "$work/simd.o"
+  -isystem "$sysroot" -c "$root/kernels/cpu/step_simd.cpp" -o "$work/simd.o"
 for target in "$@"; do
   # the step kernel of each kind (step_blocks<0..3>), kilobytes of code each; targets without FMA have none
   n=$(nm -C "$work/simd.o" | grep -c "N_${target}::step_blocks<[0-3]>(" || true)

@@ -1,15 +1,15 @@
-// Portable C++ CPU kernels around the shared per-element and per-value math.
+// Portable C++ CPU kernels around the shared per-element and per-value math: every optimizer, kind and dtype.
 #include <string.h>
 
 #include <algorithm>
 
-#include "../adamw_element.h"
 #include "../dtype_convert.h"
 #include "kernels_cpu.h"
 
 namespace lbopt::cpu {
 namespace {
 
+#include "../optim/updates.h"
 
 struct F32 {
   using T = float;
@@ -64,27 +64,31 @@ void store_state(const StateCodec& codec, StateRef st, int64_t block, int64_t st
   }
 }
 
-template <class P, class G>
-void adamw_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
-  const StateCodec cm = host_codec(flags.kind, false);
-  const StateCodec cv = host_codec(flags.kind, true);
-  const StepScalars& s = slot.scalars;
+// One optimizer's step over blocks [block_begin, block_end) of a slot: decode each active state's block, update
+// element by element, requantize.
+template <class Opt, class P, class G>
+void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
+  const typename Opt::Scalars& s = slot.scalars.get<Opt>();
+  const int n_states = Opt::states(flags.hyper);
+  StateCodec codec[kMaxStates];
+  for (int k = 0; k < n_states; ++k) codec[k] = host_codec(flags.kind, Opt::second_moment(k));
   const int64_t bs = work_block_size(flags.kind);
   auto* param = static_cast<typename P::T*>(slot.param);
   const auto* grad = static_cast<const typename G::T*>(slot.grad);
   const bool sr = flags.stochastic_round && slot.param_dtype == kBfloat16;  // then P is BF16
 
-  float m[kMaxBlock], v[kMaxBlock], vmax[kMaxBlock];
+  float st[kMaxStates][kMaxBlock];
   for (int64_t b = block_begin; b < block_end; ++b) {
     const int64_t start = b * bs;
     const int64_t n = std::min(bs, slot.numel - start);
-    load_state(cm, slot.m, b, start, n, m);
-    load_state(cv, slot.v, b, start, n, v);
-    if (s.amsgrad) load_state(cv, slot.vmax, b, start, n, vmax);
+    for (int k = 0; k < n_states; ++k) load_state(codec[k], slot.states[k], b, start, n, st[k]);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t e = start + i;
       float p = P::load(param, e);
-      adamw_element(s, p, G::load(grad, e), m[i], v[i], vmax[i]);
+      float x[kMaxStates] = {};
+      for (int k = 0; k < n_states; ++k) x[k] = st[k][i];
+      update<ScalarOps>(s, p, G::load(grad, e) * slot.grad_factor, x[0], x[1], x[2]);
+      for (int k = 0; k < n_states; ++k) st[k][i] = x[k];
       if (sr) {
         static_cast<uint16_t*>(slot.param)[e] =
             float_to_bf16_stochastic(p, random_bits(flags.seed, uint64_t(slot.step), uint64_t(e)));
@@ -92,18 +96,25 @@ void adamw_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_beg
         P::store(param, e, p);
       }
     }
-    store_state(cm, slot.m, b, start, n, m);
-    store_state(cv, slot.v, b, start, n, v);
-    if (s.amsgrad) store_state(cv, slot.vmax, b, start, n, vmax);
+    for (int k = 0; k < n_states; ++k) store_state(codec[k], slot.states[k], b, start, n, st[k]);
   }
 }
 
-template <class P>
-void adamw_param(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+template <class Opt, class P>
+void step_param(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   switch (slot.grad_dtype) {
-    case kFloat32: return adamw_typed<P, F32>(slot, flags, b0, b1);
-    case kBfloat16: return adamw_typed<P, BF16>(slot, flags, b0, b1);
-    case kFloat16: return adamw_typed<P, F16>(slot, flags, b0, b1);
+    case kFloat32: return step_typed<Opt, P, F32>(slot, flags, b0, b1);
+    case kBfloat16: return step_typed<Opt, P, BF16>(slot, flags, b0, b1);
+    case kFloat16: return step_typed<Opt, P, F16>(slot, flags, b0, b1);
+  }
+}
+
+template <class Opt>
+void step_optimizer(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  switch (slot.param_dtype) {
+    case kFloat32: return step_param<Opt, F32>(slot, flags, b0, b1);
+    case kBfloat16: return step_param<Opt, BF16>(slot, flags, b0, b1);
+    case kFloat16: return step_param<Opt, F16>(slot, flags, b0, b1);
   }
 }
 
@@ -117,14 +128,11 @@ bool any_nonfinite(const void* grad, int64_t begin, int64_t end) {
 
 }  // namespace
 
-void adamw_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
-  block_begin = adamw_blocks_simd(slot, flags, block_begin, block_end);
+void step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
+  block_begin = step_blocks_simd(slot, flags, block_begin, block_end);
   if (block_begin >= block_end) return;
-  switch (slot.param_dtype) {
-    case kFloat32: return adamw_param<F32>(slot, flags, block_begin, block_end);
-    case kBfloat16: return adamw_param<BF16>(slot, flags, block_begin, block_end);
-    case kFloat16: return adamw_param<F16>(slot, flags, block_begin, block_end);
-  }
+  with_optimizer(flags.hyper.optimizer,
+                 [&](auto opt) { step_optimizer<decltype(opt)>(slot, flags, block_begin, block_end); });
 }
 
 bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end) {

@@ -1,10 +1,10 @@
-// SIMD CPU kernels (Google Highway, runtime dispatch): the same per-element arithmetic as adamw_element.h, the
-// same per-value quantization as quant.h and the same conversions and random bits as dtype_convert.h, a vector
-// at a time, for whole scale blocks. Only targets with a fused multiply-add run them, so every result is
+// SIMD CPU kernels (Google Highway, runtime dispatch): every optimizer's own element update (optim/*.h) on vector
+// operations of the same rounding, the same per-value quantization as quant.h and the same conversions and random
+// bits as dtype_convert.h, a vector at a time, for whole scale blocks. Only targets with a fused multiply-add run them, so every result is
 // bit-identical to the portable kernels (tests/cpu/test_simd.cpp); on other targets and for a partial last block
 // the portable kernels run instead.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/adamw_simd.cpp"
+#define HWY_TARGET_INCLUDE "kernels/cpu/step_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -105,13 +105,15 @@ HWY_INLINE VU fp8_encode(VF y) {
 
 // A state's codec with its tables laid out for lookup16 and search16.
 struct SimdCodec {
-  StateCodec c;
+  StateCodec c{};
   Table16 values;   // 4-bit: the codebook
   Search16 search;  // 4-bit: over the midpoints; 8-bit: over every 16th midpoint
   bool linear16 = false;  // the map is k/16, k = 1..16 (4-bit v): encode by arithmetic, see encode_block
 
-  SimdCodec(int kind, bool second_moment) : SimdCodec(host_codec(kind, second_moment)) {}
-  explicit SimdCodec(const StateCodec& codec) : c(codec) {
+  SimdCodec() = default;
+  explicit SimdCodec(const StateCodec& codec) { init(codec); }
+  void init(const StateCodec& codec) {
+    c = codec;
     if (c.kind == kState4Bit) {
       values.fill(c.values, 1, 0);
       search.fill(c.mids, 1);
@@ -320,90 +322,102 @@ HWY_INLINE float block_absmax(float* x, int64_t bs, VF absmax, VF probe) {
   return hn::GetLane(hn::MaxOfLanes(df, absmax));
 }
 
-template <int kKind>
+// The element operations of optimizers.h's ScalarOps on vectors, with the same rounding.
+struct VecOps {
+  using V = VF;
+  static HWY_INLINE VF set(float x) { return hn::Set(DF(), x); }
+  static HWY_INLINE VF add(VF a, VF b) { return hn::Add(a, b); }
+  static HWY_INLINE VF sub(VF a, VF b) { return hn::Sub(a, b); }
+  static HWY_INLINE VF mul(VF a, VF b) { return hn::Mul(a, b); }
+  static HWY_INLINE VF div(VF a, VF b) { return hn::Div(a, b); }
+  static HWY_INLINE VF fma(VF a, VF b, VF c) { return hn::MulAdd(a, b, c); }
+  static HWY_INLINE VF sqrt(VF a) { return hn::Sqrt(a); }
+  static HWY_INLINE VF max(VF a, VF b) { return fmax_vec(a, b); }
+  static HWY_INLINE VF sign(VF a) {
+    const DF df;
+    const auto keep = hn::Or(hn::Eq(a, hn::Zero(df)), hn::IsNaN(a));
+    return hn::IfThenElse(keep, a, hn::CopySign(hn::Set(df, 1.0f), a));
+  }
+};
+
+#include "kernels/optim/updates.h"
+
+// State k during one block: where its float32 values live (the caller's memory for FP32 states, a decoded buffer
+// otherwise), and its codes and scale.
+struct BlockState {
+  float* values;
+  const uint8_t* codes;
+  float scale;
+};
+
+template <class Opt, int kKind>
 int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   constexpr bool kQuantized = kKind != kStateFp32;
   const int64_t bs = work_block_size(kKind);
-  const SimdCodec cm(kKind, false), cv(kKind, true);
+  const int n_states = Opt::states(flags.hyper);
+  SimdCodec codec[kMaxStates];
+  for (int k = 0; k < n_states; ++k) codec[k].init(host_codec(kKind, Opt::second_moment(k)));
   // Locals, not reads through slot: the byte stores of the codes may alias anything, which would force reloads.
-  const StepScalars s = slot.scalars;
-  const bool amsgrad = s.amsgrad, coupled = s.coupled_decay;
+  const typename Opt::Scalars s = slot.scalars.template get<Opt>();
   const Dtype pdt = slot.param_dtype, gdt = slot.grad_dtype;
   void* const param = slot.param;
   const void* const grad = slot.grad;
-  const StateRef sm = slot.m, sv = slot.v, svm = slot.vmax;
+  StateRef st[kMaxStates];
+  for (int k = 0; k < kMaxStates; ++k) st[k] = slot.states[k];
   const bool sr = flags.stochastic_round && pdt == kBfloat16;
   const uint64_t seed = flags.seed, step = uint64_t(slot.step);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
-  HWY_ALIGN float mbuf[kMaxBlock], vbuf[kMaxBlock], vmbuf[kMaxBlock];
+  HWY_ALIGN float buf[kMaxStates][kMaxBlock];
   // zeroed once: a 4-bit decode loads a full vector of bytes and uses the lower half, the rest is padding
-  HWY_ALIGN uint8_t mbytes[kMaxBlock / 2 + kMaxLanes] = {}, vbytes[kMaxBlock / 2 + kMaxLanes] = {},
-                    vmbytes[kMaxBlock / 2 + kMaxLanes] = {};
-  const auto grad_factor = hn::Set(df, s.grad_factor), decay = hn::Set(df, s.decay_factor), wd = hn::Set(df, s.wd);
-  const float w = s.one_minus_beta1;
-  const bool lerp_low = w < 0.5f;
-  const auto lerp_w = hn::Set(df, lerp_low ? w : -(1.0f - w));
-  const auto beta2 = hn::Set(df, s.beta2), omb2 = hn::Set(df, s.one_minus_beta2);
-  const auto nss = hn::Set(df, s.neg_step_size), sqrt_bc2 = hn::Set(df, s.sqrt_bc2), eps = hn::Set(df, s.eps);
+  HWY_ALIGN uint8_t bytes[kMaxStates][kMaxBlock / 2 + kMaxLanes] = {};
+  const auto grad_factor = hn::Set(df, slot.grad_factor);
+  const bool has1 = n_states > 1, has2 = n_states > 2;
+  BlockState bst[kMaxStates] = {};
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
-    // FP32 states are updated in place; quantized ones through a decoded block
-    float* m = kQuantized ? mbuf : static_cast<float*>(sm.codes) + start;
-    float* v = kQuantized ? vbuf : static_cast<float*>(sv.codes) + start;
-    float* vm = kQuantized || !amsgrad ? vmbuf : static_cast<float*>(svm.codes) + start;
-    const uint8_t *cm_b = nullptr, *cv_b = nullptr, *cvm_b = nullptr;
-    auto scale_m = hn::Zero(df), scale_v = scale_m, scale_vm = scale_m;
-    if (kQuantized) {  // decoded a vector at a time in the loop below
-      cm_b = block_codes<kKind>(sm, start, bs, mbytes);
-      cv_b = block_codes<kKind>(sv, start, bs, vbytes);
-      scale_m = hn::Set(df, sm.scales[b]);
-      scale_v = hn::Set(df, sv.scales[b]);
-      if (amsgrad) {
-        cvm_b = block_codes<kKind>(svm, start, bs, vmbytes);
-        scale_vm = hn::Set(df, svm.scales[b]);
+    for (int k = 0; k < n_states; ++k) {
+      if (kQuantized) {  // decoded a vector at a time in the loop below
+        bst[k] = {buf[k], block_codes<kKind>(st[k], start, bs, bytes[k]), st[k].scales[b]};
+      } else {           // updated in place
+        bst[k] = {static_cast<float*>(st[k].codes) + start, nullptr, 0.0f};
       }
     }
-    auto max_m = hn::Zero(df), max_v = max_m, max_vm = max_m, probe_m = max_m, probe_v = max_m, probe_vm = max_m;
+    const auto load = [&](int k, int64_t i) HWY_ATTR {
+      return kQuantized ? decode_vec<kKind>(codec[k], bst[k].codes, i, hn::Set(df, bst[k].scale))
+                        : hn::LoadU(df, bst[k].values + i);  // FP32 states: the caller's memory, any alignment
+    };
+    auto max0 = hn::Zero(df), max1 = max0, max2 = max0, probe0 = max0, probe1 = max0, probe2 = max0;
     for (int64_t i = 0; i < bs; i += n) {
       auto p = load_value(pdt, param, start + i);
-      auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
-      if (coupled) {
-        g = hn::MulAdd(wd, p, g);
-      } else {
-        p = hn::Mul(p, decay);
-      }
-      // FP32 states: the caller's memory, any alignment
-      auto mi = kQuantized ? decode_vec<kKind>(cm, cm_b, i, scale_m) : hn::LoadU(df, m + i);
-      mi = hn::MulAdd(lerp_w, hn::Sub(g, mi), lerp_low ? mi : g);  // torch.lerp, as adamw_element
-      const auto v_old = kQuantized ? decode_vec<kKind>(cv, cv_b, i, scale_v) : hn::LoadU(df, v + i);
-      const auto vi = hn::MulAdd(hn::Mul(omb2, g), g, hn::Mul(v_old, beta2));
-      auto used = vi;
-      if (amsgrad) {
-        used = fmax_vec(kQuantized ? decode_vec<kKind>(cv, cvm_b, i, scale_vm) : hn::LoadU(df, vm + i),
-                        vi);
-        if (kQuantized) block_max_add(max_vm, probe_vm, used);
-        hn::StoreU(used, df, vm + i);
-      }
-      const auto denom = hn::Add(hn::Div(hn::Sqrt(used), sqrt_bc2), eps);
-      p = hn::Add(p, hn::Div(hn::Mul(nss, mi), denom));
+      const auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
+      auto x0 = n_states > 0 ? load(0, i) : hn::Zero(df);
+      auto x1 = has1 ? load(1, i) : hn::Zero(df);
+      auto x2 = has2 ? load(2, i) : hn::Zero(df);
+      update<VecOps>(s, p, g, x0, x1, x2);
       if (sr) {
         const VU random = random_bits_vec(seed, step, start + i);
         store_param(pdt, param, start + i, p, &random);
       } else {
         store_param(pdt, param, start + i, p, nullptr);
       }
-      if (kQuantized) {
-        block_max_add(max_m, probe_m, mi);
-        block_max_add(max_v, probe_v, vi);
+      if (n_states > 0) {
+        if (kQuantized) block_max_add(max0, probe0, x0);
+        hn::StoreU(x0, df, bst[0].values + i);
       }
-      hn::StoreU(mi, df, m + i);
-      hn::StoreU(vi, df, v + i);
+      if (has1) {
+        if (kQuantized) block_max_add(max1, probe1, x1);
+        hn::StoreU(x1, df, bst[1].values + i);
+      }
+      if (has2) {
+        if (kQuantized) block_max_add(max2, probe2, x2);
+        hn::StoreU(x2, df, bst[2].values + i);
+      }
     }
     if (kQuantized) {
-      encode_block<kKind>(cm, sm, b, start, bs, m, block_absmax(m, bs, max_m, probe_m));
-      encode_block<kKind>(cv, sv, b, start, bs, v, block_absmax(v, bs, max_v, probe_v));
-      if (amsgrad) encode_block<kKind>(cv, svm, b, start, bs, vm, block_absmax(vm, bs, max_vm, probe_vm));
+      if (n_states > 0) encode_block<kKind>(codec[0], st[0], b, start, bs, buf[0], block_absmax(buf[0], bs, max0, probe0));
+      if (has1) encode_block<kKind>(codec[1], st[1], b, start, bs, buf[1], block_absmax(buf[1], bs, max1, probe1));
+      if (has2) encode_block<kKind>(codec[2], st[2], b, start, bs, buf[2], block_absmax(buf[2], bs, max2, probe2));
     }
   }
   return b1;
@@ -461,8 +475,10 @@ HWY_INLINE int64_t on_whole_blocks(int kind, int64_t numel, int64_t b0, int64_t 
 }
 
 int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
-  return on_whole_blocks(flags.kind, slot.numel, b0, b1, [&](auto kind, int64_t end) HWY_ATTR {
-    return step_blocks<decltype(kind)::value>(slot, flags, b0, end);
+  return with_optimizer(flags.hyper.optimizer, [&](auto opt) HWY_ATTR {
+    return on_whole_blocks(flags.kind, slot.numel, b0, b1, [&](auto kind, int64_t end) HWY_ATTR {
+      return step_blocks<decltype(opt), decltype(kind)::value>(slot, flags, b0, end);
+    });
   });
 }
 
@@ -513,7 +529,7 @@ bool simd_enabled() {
 }
 }  // namespace
 
-int64_t adamw_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
+int64_t step_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
   if (!simd_enabled()) return block_begin;
   return HWY_DYNAMIC_DISPATCH(StepFullBlocks)(slot, flags, block_begin, block_end);
 }

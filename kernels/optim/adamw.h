@@ -1,0 +1,73 @@
+// AdamW / Adam (with AMSGrad), in the operation order of torch.optim.AdamW's reference (single-tensor)
+// implementation, so that fp32 states reproduce it bit for bit and low-bit states differ from it only by
+// quantization. States: m (exp_avg), v (exp_avg_sq), and vmax (max_exp_avg_sq) with AMSGrad.
+#ifndef LBOPT_OPTIM_ADAMW_H
+#define LBOPT_OPTIM_ADAMW_H
+#include "hyper.h"
+
+namespace lbopt {
+
+struct AdamW {
+  static constexpr int kId = kAdamW;
+  static constexpr const char* kName = "adamw";
+  static constexpr int kMaxStates = 3;
+  static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  LBOPT_HD static bool second_moment(int i) { return i > 0; }  // v and vmax
+
+  struct Scalars {
+    float decay_factor;      // 1 - lr * weight_decay (AdamW, decoupled)
+    float wd;                // weight_decay (Adam, coupled into the gradient)
+    float one_minus_beta1;   // the lerp weight of m
+    float beta2;
+    float one_minus_beta2;
+    float neg_step_size;     // -lr / (1 - beta1^step)
+    float sqrt_bc2;          // sqrt(1 - beta2^step)
+    float eps;
+    bool coupled_decay;
+    bool amsgrad;
+  };
+
+  LBOPT_HD static int states(const Hyper& h) { return h.amsgrad ? 3 : 2; }
+
+  LBOPT_HD static Scalars make(const Hyper& h, double lr, int64_t step) {
+    Scalars s;
+    s.decay_factor = float(1.0 - lr * h.weight_decay);
+    s.wd = float(h.weight_decay);
+    s.one_minus_beta1 = float(1.0 - h.beta1);
+    s.beta2 = float(h.beta2);
+    s.one_minus_beta2 = float(1.0 - h.beta2);
+    s.neg_step_size = float(-(lr / bias_correction(h.beta1, step)));
+    s.sqrt_bc2 = float(pow(bias_correction(h.beta2, step), 0.5));  // as Python's bc2 ** 0.5
+    s.eps = float(h.eps);
+    s.coupled_decay = h.coupled_decay;
+    s.amsgrad = h.amsgrad;
+    return s;
+  }
+};
+
+}  // namespace lbopt
+#endif  // LBOPT_OPTIM_ADAMW_H
+
+#ifdef LBOPT_DEFINE_UPDATES
+// vmax only with AMSGrad; g: the gradient times grad_factor. The param update uses the new unquantized moments.
+template <class O>
+LBOPT_HD void update(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V g,
+                     typename O::V& m, typename O::V& v, typename O::V& vmax) {
+  if (s.coupled_decay) {
+    g = O::fma(O::set(s.wd), p, g);  // torch's grad.add(param, alpha=wd): one rounding
+  } else {
+    p = O::mul(p, O::set(s.decay_factor));
+  }
+  // torch.lerp(m, g, w): the branch keeps it exact at both ends
+  const float w = s.one_minus_beta1;
+  m = w < 0.5f ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
+  v = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(v, O::set(s.beta2)));
+  typename O::V used = v;
+  if (s.amsgrad) {
+    vmax = O::max(vmax, v);
+    used = vmax;
+  }
+  const auto denom = O::add(O::div(O::sqrt(used), O::set(s.sqrt_bc2)), O::set(s.eps));
+  p = O::add(p, O::div(O::mul(O::set(s.neg_step_size), m), denom));
+}
+#endif

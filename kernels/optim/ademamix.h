@@ -1,0 +1,77 @@
+// AdEMAMix (Pagliardini et al. 2024, "The AdEMAMix Optimizer: Better, Faster, Older"), as bitsandbytes implements
+// it: a fast EMA m1 (beta1, bias-corrected) and a slow one m2 (beta3, not bias-corrected) of the gradient mixed
+// with weight alpha over Adam's denominator, weight decay added to the update, and the optional warm-ups of alpha
+// (linear over t_alpha steps) and beta3 (over t_beta3 steps). States: m1, m2, nu.
+#ifndef LBOPT_OPTIM_ADEMAMIX_H
+#define LBOPT_OPTIM_ADEMAMIX_H
+#include "hyper.h"
+
+namespace lbopt {
+
+struct AdEMAMix {
+  static constexpr int kId = kAdEMAMix;
+  static constexpr const char* kName = "ademamix";
+  static constexpr int kMaxStates = 3;
+  static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};
+  LBOPT_HD static bool second_moment(int i) { return i == 2; }  // nu
+
+  struct Scalars {
+    float beta1, one_minus_beta1;
+    float beta2, one_minus_beta2;
+    float beta3, one_minus_beta3;  // after its warm-up
+    float alpha;                   // after its warm-up
+    float bc1;                     // 1 - beta1^step
+    float sqrt_bc2;                // sqrt(1 - beta2^step)
+    float eps;
+    float wd;
+    float neg_lr;
+  };
+
+  LBOPT_HD static int states(const Hyper&) { return 3; }
+
+  // The warm-ups of bitsandbytes' AdEMAMix, in double precision.
+  LBOPT_HD static double alpha_at(const Hyper& h, int64_t step) {
+    return h.t_alpha > 0 ? fmin(double(step) * h.alpha / h.t_alpha, h.alpha) : h.alpha;
+  }
+  LBOPT_HD static double beta3_at(const Hyper& h, int64_t step) {
+    if (!(h.t_beta3 > 0)) return h.beta3;
+    const double ln1 = log(h.beta1), ln3 = log(h.beta3), f = double(step) / h.t_beta3;
+    return fmin(exp(ln1 * ln3 / ((1.0 - f) * ln3 + f * ln1)), h.beta3);
+  }
+
+  LBOPT_HD static Scalars make(const Hyper& h, double lr, int64_t step) {
+    Scalars s;
+    const double beta3 = beta3_at(h, step);
+    s.beta1 = float(h.beta1);
+    s.one_minus_beta1 = float(1.0 - h.beta1);
+    s.beta2 = float(h.beta2);
+    s.one_minus_beta2 = float(1.0 - h.beta2);
+    s.beta3 = float(beta3);
+    s.one_minus_beta3 = float(1.0 - beta3);
+    s.alpha = float(alpha_at(h, step));
+    s.bc1 = float(bias_correction(h.beta1, step));
+    s.sqrt_bc2 = float(pow(bias_correction(h.beta2, step), 0.5));
+    s.eps = float(h.eps);
+    s.wd = float(h.weight_decay);
+    s.neg_lr = float(-lr);
+    return s;
+  }
+};
+
+}  // namespace lbopt
+#endif  // LBOPT_OPTIM_ADEMAMIX_H
+
+#ifdef LBOPT_DEFINE_UPDATES
+// m1, m2, nu: the states (unused ones are ignored); g: the gradient times grad_factor.
+template <class O>
+LBOPT_HD void update(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, typename O::V g,
+                     typename O::V& m1, typename O::V& m2, typename O::V& nu) {
+  m1 = O::fma(O::set(s.one_minus_beta1), g, O::mul(m1, O::set(s.beta1)));
+  m2 = O::fma(O::set(s.one_minus_beta3), g, O::mul(m2, O::set(s.beta3)));
+  nu = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(nu, O::set(s.beta2)));
+  const auto denom = O::add(O::div(O::sqrt(nu), O::set(s.sqrt_bc2)), O::set(s.eps));
+  auto u = O::div(O::fma(O::set(s.alpha), m2, O::div(m1, O::set(s.bc1))), denom);
+  u = O::fma(O::set(s.wd), p, u);
+  p = O::fma(O::set(s.neg_lr), u, p);
+}
+#endif

@@ -1,0 +1,36 @@
+// The validated hyper-parameters of one step call, as every optimizer's scalar derivation reads them (on the host
+// for a by-value lr, on the device for the capturable step). src/validate.cpp fills it from the caller's config.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "../hd.h"
+
+namespace lbopt {
+
+// Values match lbopt_optimizer.
+enum OptimizerId : int { kAdamW = 0, kSgd = 1, kLion = 2, kAdEMAMix = 3, kNumOptimizers = 4 };
+
+// States per slot at most (AdamW with AMSGrad, AdEMAMix).
+constexpr int kMaxStates = 3;
+
+struct Hyper {
+  int optimizer = kAdamW;
+  double beta1 = 0, beta2 = 0, beta3 = 0, eps = 0, weight_decay = 0;
+  double momentum = 0, dampening = 0;  // SGD
+  double alpha = 0, t_alpha = 0, t_beta3 = 0;  // AdEMAMix; a warm-up length of 0 is none
+  bool coupled_decay = false, amsgrad = false;  // AdamW
+  bool nesterov = false;                        // SGD
+  bool maximize = false;
+};
+
+// 1 - beta^step in double precision: the bias corrections of the Adam family.
+LBOPT_HD double bias_correction(double beta, int64_t step) { return 1.0 - pow(beta, double(step)); }
+
+// The factor every gradient is multiplied by first: 1 / grad_scale in float32 (GradScaler's inv_scale, exact for
+// its powers of two), negated to ascend.
+LBOPT_HD float grad_factor(double grad_scale, bool maximize) {
+  return float(1.0 / grad_scale) * (maximize ? -1.0f : 1.0f);
+}
+
+}  // namespace lbopt

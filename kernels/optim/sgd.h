@@ -1,0 +1,59 @@
+// SGD with momentum, dampening, Nesterov and coupled weight decay, as torch.optim.SGD. State: the momentum
+// buffer (none without momentum); on the first step it becomes the gradient itself, undamped, as in torch.
+#ifndef LBOPT_OPTIM_SGD_H
+#define LBOPT_OPTIM_SGD_H
+#include "hyper.h"
+
+namespace lbopt {
+
+struct Sgd {
+  static constexpr int kId = kSgd;
+  static constexpr const char* kName = "sgd";
+  static constexpr int kMaxStates = 1;
+  static constexpr const char* kStateNames[kMaxStates] = {"momentum_buffer"};
+  LBOPT_HD static bool second_moment(int) { return false; }
+
+  struct Scalars {
+    float wd;
+    float momentum;
+    float one_minus_dampening;
+    float neg_lr;
+    bool has_wd;        // torch adds wd * p only when wd != 0 (0 * Inf would be NaN)
+    bool has_momentum;
+    bool first;         // step 1: the buffer starts as the gradient
+    bool nesterov;
+  };
+
+  LBOPT_HD static int states(const Hyper& h) { return h.momentum != 0.0 ? 1 : 0; }
+
+  LBOPT_HD static Scalars make(const Hyper& h, double lr, int64_t step) {
+    Scalars s;
+    s.wd = float(h.weight_decay);
+    s.momentum = float(h.momentum);
+    s.one_minus_dampening = float(1.0 - h.dampening);
+    s.neg_lr = float(-lr);
+    s.has_wd = h.weight_decay != 0.0;
+    s.has_momentum = h.momentum != 0.0;
+    s.first = step == 1;
+    s.nesterov = h.nesterov;
+    return s;
+  }
+};
+
+}  // namespace lbopt
+#endif  // LBOPT_OPTIM_SGD_H
+
+#ifdef LBOPT_DEFINE_UPDATES
+// buf, s1, s2: the states (unused ones are ignored); g: the gradient times grad_factor.
+template <class O>
+LBOPT_HD void update(const ::lbopt::Sgd::Scalars& s, typename O::V& p, typename O::V g,
+                     typename O::V& buf, typename O::V&, typename O::V&) {
+  if (s.has_wd) g = O::fma(O::set(s.wd), p, g);  // d_p.add(param, alpha=wd)
+  if (s.has_momentum) {
+    // buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
+    buf = s.first ? g : O::fma(O::set(s.one_minus_dampening), g, O::mul(buf, O::set(s.momentum)));
+    g = s.nesterov ? O::fma(O::set(s.momentum), buf, g) : buf;
+  }
+  p = O::fma(O::set(s.neg_lr), g, p);  // param.add_(d_p, alpha=-lr)
+}
+#endif
