@@ -395,9 +395,9 @@ def test_4bit_schedule_is_used_on_every_step():
 
 @pytest.fixture
 def c_calls(monkeypatch):
-    """Records every lbopt_adamw_step call: kind, slot count, lr, grad_scale and found_inf values."""
+    """Records every lbopt_step call: kind, slot count, lr, grad_scale and found_inf values."""
     calls = []
-    real = _abi.lib.lbopt_adamw_step
+    real = _abi.lib.lbopt_step
 
     def read_scalar(ptr):
         if not ptr:
@@ -407,14 +407,14 @@ def c_calls(monkeypatch):
     def wrapper(cfg, lr, slots, n, opts):
         o = opts._obj if opts is not None else None
         arr = getattr(slots, "_obj", slots)  # an array of slots, or byref(one slot)
-        arr = [arr] if isinstance(arr, _abi.AdamWSlot) else arr
+        arr = [arr] if isinstance(arr, _abi.Slot) else arr
         calls.append({"kind": cfg._obj.state_kind, "n": n, "lr": lr,
                       "params": [arr[i].param.contents.data for i in range(n)],
                       "grad_scale": read_scalar(o.grad_scale) if o else None,
                       "found_inf": read_scalar(o.found_inf) if o else None})
         return real(cfg, lr, slots, n, opts)
 
-    monkeypatch.setattr(_abi.lib, "lbopt_adamw_step", wrapper)
+    monkeypatch.setattr(_abi.lib, "lbopt_step", wrapper)
     return calls
 
 
@@ -422,7 +422,7 @@ def test_one_call_per_param_group(c_calls):
     m = mlp(16)
     w1, b1, w2, b2 = m.parameters()
     opt = lbt.AdamW4bit([{"params": [w1, b1]}, {"params": [w2, b2], "lr": 5e-4}], lr=LR, min_quant_size=0)
-    assert not c_calls  # construction validates each group with lbopt_adamw_step_validate, stepping nothing
+    assert not c_calls  # construction validates each group with lbopt_optimizer_config_validate, stepping nothing
     c_calls.clear()
     train(m, opt, steps=3)
     assert len(c_calls) == 6  # 2 per step

@@ -63,6 +63,10 @@ FLAG_AMSGRAD = 0x2
 FLAG_MAXIMIZE = 0x4
 FLAG_BF16_STOCHASTIC_ROUND = 0x8
 FLAG_SKIP_NONFINITE = 0x10
+FLAG_NESTEROV = 0x20
+
+OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_LION, OPTIMIZER_ADEMAMIX = 0, 1, 2, 3
+MAX_STATES = 3
 
 OK = 0
 (ERR_NULL_POINTER, ERR_STRUCT_SIZE, ERR_INVALID_VALUE, ERR_DTYPE, ERR_DEVICE, ERR_SHAPE, ERR_STRIDE, ERR_ALIGNMENT,
@@ -105,6 +109,40 @@ class AdamWSlot(ctypes.Structure):
         ("m", State),
         ("v", State),
         ("vmax", State),
+        ("step", ctypes.c_int64),
+    ]
+
+
+class OptimizerConfig(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("optimizer", ctypes.c_int),
+        ("state_kind", ctypes.c_int),
+        ("flags", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("beta3", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("dampening", ctypes.c_double),
+        ("alpha", ctypes.c_double),
+        ("t_alpha", ctypes.c_double),
+        ("t_beta3", ctypes.c_double),
+    ]
+
+
+class StateInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("moment", ctypes.c_int32)]
+
+
+class Slot(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("param", ctypes.POINTER(DLTensor)),
+        ("grad", ctypes.POINTER(DLTensor)),
+        ("states", State * MAX_STATES),
         ("step", ctypes.c_int64),
     ]
 
@@ -210,6 +248,14 @@ def _load():
         "lbopt_adamw_config_validate": (st, [P(AdamWConfig), ctypes.c_double]),
         "lbopt_adamw_step_validate": (st, [P(AdamWConfig), ctypes.c_double, P(AdamWSlot), ctypes.c_size_t,
                                            P(StepOptions)]),
+        "lbopt_state_kind_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "lbopt_optimizer_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "lbopt_optimizer_config_init": (st, [P(OptimizerConfig), ctypes.c_size_t, ctypes.c_int]),
+        "lbopt_optimizer_config_validate": (st, [P(OptimizerConfig), ctypes.c_double]),
+        "lbopt_optimizer_states": (st, [P(OptimizerConfig), P(StateInfo), P(ctypes.c_size_t)]),
+        "lbopt_step": (st, [P(OptimizerConfig), ctypes.c_double, P(Slot), ctypes.c_size_t, P(StepOptions)]),
+        "lbopt_step_validate": (st, [P(OptimizerConfig), ctypes.c_double, P(Slot), ctypes.c_size_t,
+                                     P(StepOptions)]),
         "lbopt_op_count": (ctypes.c_size_t, []),
         "lbopt_op_schema": (P(OpInfo), [ctypes.c_size_t]),
         "lbopt_op_invoke": (st, [P(OpInfo), P(P(DLTensor)), ctypes.c_size_t, P(Attr), ctypes.c_size_t,
@@ -252,3 +298,34 @@ def adamw_config(kind, betas, eps, weight_decay, flags, seed):
     cfg.eps, cfg.weight_decay = float(eps), float(weight_decay)
     cfg.flags, cfg.seed = flags, seed
     return cfg
+
+
+def _names(fn):
+    """The names the library gives values 0, 1, ... of one of its enums (until it gives none)."""
+    out, i = {}, 0
+    while (name := fn(i)) is not None:
+        out[name.decode()] = i
+        i += 1
+    return out
+
+
+KINDS = _names(lib.lbopt_state_kind_name)          # '4bit' -> LBOPT_STATE_4BIT, ...
+OPTIMIZERS = _names(lib.lbopt_optimizer_name)      # 'adamw' -> LBOPT_OPTIMIZER_ADAMW, ...
+
+
+def optimizer_config(optimizer, kind, flags=0, seed=0, **fields):
+    """An lbopt_optimizer_config: the optimizer's defaults, then kind, flags, seed and the given fields."""
+    cfg = OptimizerConfig()
+    check(lib.lbopt_optimizer_config_init(ctypes.byref(cfg), ctypes.sizeof(cfg), optimizer))
+    cfg.state_kind, cfg.flags, cfg.seed = kind, flags, seed
+    for name, value in fields.items():
+        setattr(cfg, name, float(value))
+    return cfg
+
+
+def optimizer_states(cfg):
+    """The states a step of cfg uses, in slot order: ((name, moment), ...)."""
+    infos = (StateInfo * MAX_STATES)()
+    n = ctypes.c_size_t()
+    check(lib.lbopt_optimizer_states(ctypes.byref(cfg), infos, ctypes.byref(n)))
+    return tuple((infos[i].name.decode(), infos[i].moment) for i in range(n.value))

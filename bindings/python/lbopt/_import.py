@@ -23,18 +23,22 @@ _MOMENTS = (("exp_avg", "exp_avg", "1", _abi.MOMENT_FIRST), ("exp_avg_sq", "exp_
 _SOURCE_KIND = {16: _abi.STATE_4BIT, 256: _abi.STATE_8BIT}  # codebook size -> lbopt kind with that codebook
 
 
-def is_foreign(entry):
-    """Whether a saved per-param entry comes from another optimizer (lbopt's own entries name their kind)."""
+def is_foreign(entry, names):
+    """Whether a saved per-param entry comes from another optimizer (lbopt's own entries name their kind); names:
+    the states of the optimizer loading it."""
     return isinstance(entry, dict) and "state_kind" not in entry and (
-        "exp_avg" in entry or "state1" in entry or _BNB_NESTED in entry)
+        any(n in entry for n in names) or "state1" in entry or _BNB_NESTED in entry)
 
 
-def moments(entry, what):
-    """{lbopt moment name: ("plain", float tensor) or ("coded", source kind, codes, scales, qmap or None)} and
-    the saved step of a foreign entry."""
+def moments(entry, what, names):
+    """{lbopt state name: ("plain", float tensor) or ("coded", source kind, codes, scales, qmap or None)} and
+    the saved step of a foreign entry, for the states `names` of the optimizer loading it: AdamW's moments in
+    any format above; any other state as a float tensor under its own name (torch.optim.SGD's momentum_buffer)."""
     out = {}
     bnb = entry.get(_BNB_NESTED, entry)
-    for name, key, bnb_index, _ in _MOMENTS:
+    known = [m for m in _MOMENTS if m[0] in names] + [(n, n, None, None) for n in names
+                                                      if n not in [m[0] for m in _MOMENTS]]
+    for name, key, bnb_index, _ in known:
         value = entry.get(key)
         if value is None and bnb_index is not None:
             value = bnb.get("state" + bnb_index)

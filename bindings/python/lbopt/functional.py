@@ -6,13 +6,18 @@ Arrays are borrowed, never copied: params and states are updated in place. NumPy
     p = np.random.randn(1000).astype(np.float32); g = np.ones_like(p)
     m, v = F.zeros_state("4bit", p.size), F.zeros_state("4bit", p.size)
     F.adamw_step([p], [g], [{"m": m, "v": v}], lr=1e-3, steps=[1], kind="4bit")
+
+Any optimizer through step(): its states are named as the library names them (state_names)::
+
+    buf = F.zeros_state("8bit", p.size)
+    F.step("sgd", [p], [g], [{"momentum_buffer": buf}], lr=1e-2, steps=[1], kind="8bit", momentum=0.9)
 """
 import ctypes
 
 from . import _abi
 from ._dlpack import borrow
 
-KINDS = {"4bit": _abi.STATE_4BIT, "8bit": _abi.STATE_8BIT, "fp8": _abi.STATE_FP8, "fp32": _abi.STATE_FP32}
+KINDS = _abi.KINDS  # the library's names of its state kinds
 
 
 def kind_id(kind):
@@ -61,31 +66,69 @@ def _state(st, views):
     return _abi.State(codes.ptr, scales.ptr if scales else None)
 
 
-def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-               adam=False, amsgrad=False, maximize=False, bf16_stochastic_round=False, seed=0,
-               skip_nonfinite=False):
-    """One fused AdamW (or Adam with adam=True) step over many tensors, in place.
+_FLAGS = {"adam": _abi.FLAG_ADAM_COUPLED_DECAY, "amsgrad": _abi.FLAG_AMSGRAD, "nesterov": _abi.FLAG_NESTEROV,
+          "maximize": _abi.FLAG_MAXIMIZE, "bf16_stochastic_round": _abi.FLAG_BF16_STOCHASTIC_ROUND,
+          "skip_nonfinite": _abi.FLAG_SKIP_NONFINITE}
 
-    states[i] is {'m': state, 'v': state} (and 'vmax' with amsgrad), each state {'codes', 'scales'};
-    steps[i] is the step count this call makes for params[i] (1 on the first call). Returns a list of bools:
-    True where a tensor was skipped for a non-finite gradient (with skip_nonfinite)."""
+
+def config(optimizer, kind="4bit", *, seed=0, **options):
+    """The lbopt_optimizer_config of optimizer ('adamw', 'sgd', 'lion', 'ademamix') with state kind `kind`:
+    the library's defaults, overridden by the given fields (beta1, beta2, beta3, eps, weight_decay, momentum,
+    dampening, alpha, t_alpha, t_beta3) and flags (adam, amsgrad, nesterov, maximize, bf16_stochastic_round,
+    skip_nonfinite: bools)."""
+    try:
+        opt = _abi.OPTIMIZERS[optimizer]
+    except KeyError:
+        raise ValueError(f"lbopt: unknown optimizer {optimizer!r} (one of {', '.join(_abi.OPTIMIZERS)})") from None
+    flags = 0
+    for name, bit in _FLAGS.items():
+        if options.pop(name, False):
+            flags |= bit
+    unknown = set(options) - {f for f, _ in _abi.OptimizerConfig._fields_}
+    if unknown:
+        raise TypeError(f"lbopt: unknown option(s) {', '.join(sorted(unknown))}")
+    cfg = _abi.optimizer_config(opt, kind_id(kind), flags, seed, **options)
+    _abi.check(_abi.lib.lbopt_optimizer_config_validate(ctypes.byref(cfg), 0.0))
+    return cfg
+
+
+def state_names(optimizer, **options):
+    """The names of the states a step of this optimizer and options uses, in order, with their moments ('m' for
+    the signed maps, 'v' for the non-negative ones): e.g. ('m1', 'm'), ('m2', 'm'), ('nu', 'v') for AdEMAMix."""
+    return tuple((name, "v" if moment == _abi.MOMENT_SECOND else "m")
+                 for name, moment in _abi.optimizer_states(config(optimizer, **options)))
+
+
+def step(optimizer, params, grads, states, lr, steps, *, kind="4bit", seed=0, **options):
+    """One fused step of any optimizer over many tensors, in place. states[i] maps each name of
+    state_names(optimizer, **options) to a state {'codes', 'scales'}; the other arguments as adamw_step's.
+    Returns a list of bools: True where a tensor was skipped for a non-finite gradient (with skip_nonfinite)."""
+    cfg = config(optimizer, kind, seed=seed, **options)
+    names = [name for name, _ in _abi.optimizer_states(cfg)]
+    return _run(_abi.lib.lbopt_step, cfg, _abi.Slot, params, grads,
+                [[st[name] for name in names] for st in states], lr, steps)
+
+
+def _run(entry_point, cfg, slot_type, params, grads, states, lr, steps):
+    """Call entry_point (lbopt_step or lbopt_adamw_step) on slots of slot_type; states[i]: the slot's states in
+    order (None where absent)."""
     n = len(params)
     if not (len(grads) == len(states) == len(steps) == n):
         raise ValueError("lbopt: params, grads, states and steps must have the same length")
-    flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if adam else 0) | (_abi.FLAG_AMSGRAD if amsgrad else 0)
-             | (_abi.FLAG_MAXIMIZE if maximize else 0) | (_abi.FLAG_BF16_STOCHASTIC_ROUND if bf16_stochastic_round
-                                                          else 0) | (_abi.FLAG_SKIP_NONFINITE if skip_nonfinite else 0))
-    cfg = _abi.adamw_config(kind_id(kind), betas, eps, weight_decay, flags, seed)
     views = []
-    slots = (_abi.AdamWSlot * n)()
+    slots = (slot_type * n)()
     for i in range(n):
         p, g = borrow(params[i], writable=True), borrow(grads[i])
         views += [p, g]
         s = slots[i]
-        s.struct_size = ctypes.sizeof(_abi.AdamWSlot)
+        s.struct_size = ctypes.sizeof(slot_type)
         s.param, s.grad = p.ptr, g.ptr
-        s.m, s.v = _state(states[i]["m"], views), _state(states[i]["v"], views)
-        s.vmax = _state(states[i].get("vmax") if amsgrad else None, views)
+        refs = [_state(st, views) for st in states[i]]
+        if slot_type is _abi.Slot:
+            for k, ref in enumerate(refs):
+                s.states[k] = ref
+        else:
+            s.m, s.v, s.vmax = refs
         s.step = int(steps[i])
     skipped = (ctypes.c_uint8 * n)()
     shape = (ctypes.c_int64 * 1)(n)
@@ -95,8 +138,24 @@ def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.9
     _abi.check(_abi.lib.lbopt_step_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
     if n and views[0].dl.device.device_type == _abi.kDLCPU:  # the skip flags are read back on the host
         opts.skipped = ctypes.pointer(skipped_dl)
-    _abi.check(_abi.lib.lbopt_adamw_step(ctypes.byref(cfg), float(lr), slots, n, ctypes.byref(opts)))
+    _abi.check(entry_point(ctypes.byref(cfg), float(lr), slots, n, ctypes.byref(opts)))
     return [bool(skipped[i]) for i in range(n)]
+
+
+def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+               adam=False, amsgrad=False, maximize=False, bf16_stochastic_round=False, seed=0,
+               skip_nonfinite=False):
+    """One fused AdamW (or Adam with adam=True) step over many tensors, in place.
+
+    states[i] is {'m': state, 'v': state} (and 'vmax' with amsgrad), each state {'codes', 'scales'};
+    steps[i] is the step count this call makes for params[i] (1 on the first call). Returns a list of bools:
+    True where a tensor was skipped for a non-finite gradient (with skip_nonfinite)."""
+    flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if adam else 0) | (_abi.FLAG_AMSGRAD if amsgrad else 0)
+             | (_abi.FLAG_MAXIMIZE if maximize else 0) | (_abi.FLAG_BF16_STOCHASTIC_ROUND if bf16_stochastic_round
+                                                          else 0) | (_abi.FLAG_SKIP_NONFINITE if skip_nonfinite else 0))
+    cfg = _abi.adamw_config(kind_id(kind), betas, eps, weight_decay, flags, seed)
+    return _run(_abi.lib.lbopt_adamw_step, cfg, _abi.AdamWSlot, params, grads,
+                [(st["m"], st["v"], st.get("vmax") if amsgrad else None) for st in states], lr, steps)
 
 
 def quantize(kind, moment, src, state):

@@ -1,4 +1,5 @@
-"""Drop-in torch.optim optimizers with 4-bit, 8-bit, FP8 or fp32 states, stepped by the lbopt C library.
+"""Drop-in torch.optim optimizers (AdamW, Adam, SGD, Lion, AdEMAMix) with 4-bit, 8-bit, FP8 or fp32 states,
+stepped by the lbopt C library.
 
 Every step() reads each group's lr as a host double (a Python float, or a tensor updated with fill_) and passes
 it by value, so any torch.optim.lr_scheduler works unchanged and a schedule that changes the lr every step costs
@@ -21,6 +22,8 @@ from ._dlpack import View
 from .functional import KINDS, kind_id
 
 __all__ = ["AdamW4bit", "AdamW8bit", "AdamWFp8", "Adam4bit", "Adam8bit", "AdamFp8", "AdamW", "LowBitAdamW",
+           "SGD4bit", "SGD8bit", "SGDFp8", "SGD", "LowBitSGD", "Lion4bit", "Lion8bit", "LionFp8", "Lion", "LowBitLion",
+           "AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8", "AdEMAMix", "LowBitAdEMAMix",
            "to_torch_adamw_state_dict", "load_torch_adamw_state_dict"]
 
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
@@ -137,27 +140,28 @@ def _check_dim_order(order, p):
 
 
 class _ParamSlot:
-    """The lbopt_adamw_slot of one param, with the views it points to: built once and reused while the param's
-    data, dtype, shape, strides and device and its state tensors stay the same; the grad is set on every step."""
+    """The lbopt_slot of one param, with the views it points to: built once and reused while the param's data,
+    dtype, shape, strides and device, the states its step uses and their tensors stay the same; the grad is set
+    on every step."""
 
-    def __init__(self, p, state, amsgrad):
+    def __init__(self, p, state, names):
         self.param_key = _param_key(p)
         self.param_stride = p.stride()
-        self.amsgrad = amsgrad
+        self.names = names
         self.call_key = (p.device, KINDS[state["state_kind"]])
         self.state_keys = tuple(k for k, v in state.items() if torch.is_tensor(v))
         self.state_tensors = tuple(state[k] for k in self.state_keys)
         self.views = [_view(p)]
-        self.slot = _abi.AdamWSlot()
-        self.slot.struct_size = ctypes.sizeof(_abi.AdamWSlot)
+        self.slot = _abi.Slot()
+        self.slot.struct_size = ctypes.sizeof(_abi.Slot)
         self.slot.param = self.views[0].ptr
-        for field, (name, _) in zip(("m", "v", "vmax"), _MOMENTS if amsgrad else _MOMENTS[:2]):
-            setattr(self.slot, field, _state_of(state, name, self.views))
+        for k, (name, _) in enumerate(names):
+            self.slot.states[k] = _state_of(state, name, self.views)
         self.grad = View()
         self.grad_key = None
 
-    def fresh(self, p, state, amsgrad):
-        return (self.param_key == _param_key(p) and self.amsgrad == amsgrad
+    def fresh(self, p, state, names):
+        return (self.param_key == _param_key(p) and self.names == names
                 and all(map(operator.is_, map(state.get, self.state_keys), self.state_tensors)))
 
     def set_grad(self, g, p):
@@ -181,12 +185,12 @@ class _ParamSlot:
 
 
 class _Call:
-    """One lbopt_adamw_step of a step(): the slots of one param group, device and state kind."""
+    """One lbopt_step of a step(): the slots of one param group, device and state kind."""
 
     def __init__(self, cfg, lr, device, entries, grad_scale, found_inf, read_skipped):
         self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad, (param, name))
         n = self.n = len(entries)
-        self.slots = (_abi.AdamWSlot * n)()
+        self.slots = (_abi.Slot * n)()
         for i, (_, ps, *_) in enumerate(entries):
             self.slots[i] = ps.slot
         self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)
@@ -204,7 +208,7 @@ class _Call:
         self.read_skipped = read_skipped
 
     def _check(self, entry_point):
-        """Call lbopt_adamw_step or lbopt_adamw_step_validate; a refused slot's message names its param."""
+        """Call lbopt_step or lbopt_step_validate; a refused slot's message names its param."""
         try:
             _abi.check(entry_point(ctypes.byref(self.cfg), self.lr, self.slots, self.n, ctypes.byref(self.opts)))
         except _abi.LbOptError as e:
@@ -214,11 +218,11 @@ class _Call:
             raise type(e)(e.status, f"lbopt: {_what(*self.entries[int(slot.group(1))][3])}: {e}") from None
 
     def validate(self):
-        self._check(_abi.lib.lbopt_adamw_step_validate)
+        self._check(_abi.lib.lbopt_step_validate)
 
     def run(self):
         """The step (which validates the call before it writes), then the step counts of the slots stepped."""
-        self._check(_abi.lib.lbopt_adamw_step)
+        self._check(_abi.lib.lbopt_step)
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
         flags = self.skipped.tolist() if self.read_skipped else [0] * self.n
         for (state, *_), s in zip(self.entries, flags):
@@ -226,46 +230,24 @@ class _Call:
                 state["step"] += 1
 
 
-# Attributes of an optimizer beyond torch.optim.Optimizer's, carried through copy.deepcopy and pickle.
-_OWN_ATTRS = ("state_kind", "adam", "min_quant_size", "bf16_stochastic_round", "skip_nonfinite", "seed",
-              "_keep_names")
-
-
-class LowBitAdamW(torch.optim.Optimizer):
-    """AdamW (or Adam with adam=True) with optimizer states of one lbopt state kind.
-
-    Args:
-        params: iterable of tensors, dicts (param groups) or (name, tensor) pairs.
-        lr: float or tensor; read as a host double on every step().
-        state_kind: '4bit', '8bit', 'fp8' or 'fp32'.
-        min_quant_size: tensors with fewer elements keep fp32 states (default 4096, as torchao and bitsandbytes).
-        keep_fp32: params (tensors, or names when named parameters are given) whose states stay fp32; a param
-            group may also set fp32_state=True.
-        bf16_stochastic_round: round bfloat16 params stochastically (reproducible: keyed by seed, step, element).
-        skip_nonfinite: leave a tensor whose gradient has NaN/Inf untouched (its step count does not advance).
-        foreach, fused: accepted for torch.optim.AdamW compatibility; lbopt always runs one fused call per group.
-    Works with torch.amp.GradScaler: the scaler's scale and found_inf reach the library, which skips the whole
-    step on overflow without writing anything. A step() is atomic: everything it would pass to the library is
-    validated before the first param or state is written.
-    """
+class _LowBit(torch.optim.Optimizer):
+    """What every lbopt optimizer shares; a subclass names its lbopt_optimizer, builds its config from a param
+    group and declares its own attributes. The states of a param are those the library lists for its group's
+    config (lbopt_optimizer_states), each stored as <name>_codes and <name>_scales."""
 
     _step_supports_amp_scaling = True
+    _optimizer = None  # the library's name of the optimizer
+    # Attributes beyond torch.optim.Optimizer's, carried through copy.deepcopy and pickle.
+    _OWN_ATTRS = ("state_kind", "min_quant_size", "bf16_stochastic_round", "skip_nonfinite", "seed", "_keep_names")
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, state_kind="4bit", adam=False, min_quant_size=4096, keep_fp32=(),
-                 bf16_stochastic_round=False, skip_nonfinite=False, seed=0, foreach=None, fused=None,
-                 capturable=False, differentiable=False):
+    def __init__(self, params, defaults, *, state_kind, min_quant_size, keep_fp32, bf16_stochastic_round,
+                 skip_nonfinite, seed, capturable=False, differentiable=False):
         if capturable or differentiable:
             raise ValueError("lbopt: capturable=True and differentiable=True are not supported (the lr is a host "
                              "value of every step; the step is not differentiable)")
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, fp32_state=False)
-        super().__init__(params, defaults)
+        super().__init__(params, {**defaults, "fp32_state": False})
         self.state_kind = kind_id(state_kind)
         _abi.layout(self.state_kind, 0)  # the library refuses an unknown kind
-        self.adam = adam
         self.min_quant_size = min_quant_size
         self.bf16_stochastic_round = bf16_stochastic_round
         self.skip_nonfinite = skip_nonfinite
@@ -277,11 +259,26 @@ class LowBitAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             self._validate_group(group)
 
+    def _fields(self, group):
+        """(fields of lbopt_optimizer_config, flags) of a param group, beyond kind, seed and the common flags."""
+        raise NotImplementedError
+
+    def _config(self, group, kind):
+        fields, flags = self._fields(group)
+        flags |= ((_abi.FLAG_MAXIMIZE if group["maximize"] else 0)
+                  | (_abi.FLAG_BF16_STOCHASTIC_ROUND if self.bf16_stochastic_round else 0)
+                  | (_abi.FLAG_SKIP_NONFINITE if self.skip_nonfinite else 0))
+        return _abi.optimizer_config(_abi.OPTIMIZERS[self._optimizer], kind, flags, self.seed, **fields)
+
+    def _states(self, group):
+        """((name, moment), ...) of the states a step of this group uses."""
+        return _abi.optimizer_states(self._config(group, _abi.STATE_FP32))
+
     # ---- copies: copy.deepcopy and pickle keep what torch.optim.Optimizer's __getstate__ drops -----------------
 
     def __getstate__(self):
         out = super().__getstate__()
-        out.update({k: getattr(self, k) for k in _OWN_ATTRS})
+        out.update({k: getattr(self, k) for k in self._OWN_ATTRS})
         out["_keep_positions"] = [i for i, (p, _, _) in enumerate(self._params()) if id(p) in self._keep_ids]
         return out
 
@@ -300,23 +297,11 @@ class LowBitAdamW(torch.optim.Optimizer):
             return _abi.STATE_FP32
         return self.state_kind
 
-    def _config(self, group, kind):
-        flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if self.adam else 0) | (_abi.FLAG_AMSGRAD if group["amsgrad"] else 0)
-                 | (_abi.FLAG_MAXIMIZE if group["maximize"] else 0)
-                 | (_abi.FLAG_BF16_STOCHASTIC_ROUND if self.bf16_stochastic_round else 0)
-                 | (_abi.FLAG_SKIP_NONFINITE if self.skip_nonfinite else 0))
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
-        return _abi.adamw_config(kind, (_real(betas[0], "betas[0]"), _real(betas[1], "betas[1]")),
-                                 _real(group["eps"], "eps"), _real(group["weight_decay"], "weight_decay"), flags,
-                                 self.seed)
-
     def _validate_group(self, group):
         """The library's own checks of the hyper-parameters and lr: errors surface when a group is made or loaded,
         with the library's message."""
         cfg = self._config(group, _abi.STATE_FP32)
-        _abi.check(_abi.lib.lbopt_adamw_config_validate(ctypes.byref(cfg), _lr(group)))
+        _abi.check(_abi.lib.lbopt_optimizer_config_validate(ctypes.byref(cfg), _lr(group)))
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -336,8 +321,7 @@ class LowBitAdamW(torch.optim.Optimizer):
         t = _local(p, p, name)
         state = {"step": 0, "state_kind": _KIND_NAMES[kind]}
         _set_order(state, _dim_order(t))
-        names = _MOMENTS if group["amsgrad"] else _MOMENTS[:2]
-        for moment, _ in names:
+        for moment, _ in self._states(group):
             state.update(_zero_state(kind, t, moment))
         return state
 
@@ -347,20 +331,21 @@ class LowBitAdamW(torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             yield from ((p, group, n) for p, n in zip(group["params"], names))
 
-    def _slot(self, p, t, state, amsgrad):
+    def _slot(self, p, t, state, names):
         """The param's slot and the state dict it steps: the cached slot while it is fresh; else a new one, over a
-        new state dict where the states had to be re-laid out for a new memory order or gain AMSGrad's vmax
-        (which the caller commits once the step is validated; the old tensors are never written). t is the tensor
-        stepped for p: p, or its local shard."""
+        new state dict where the states had to be re-laid out for a new memory order or gain a state the group
+        now needs (amsgrad or momentum turned on later: it starts at zero), which the caller commits once the step
+        is validated; the old tensors are never written. t is the tensor stepped for p: p, or its local shard."""
         cached = self._slots.get(id(p))
-        if cached is not None and cached.fresh(t, state, amsgrad):
+        if cached is not None and cached.fresh(t, state, names):
             return cached, state
         order = _dim_order(t)
         if not _follows(t, _state_order(state, t)) and _follows(t, order):
-            state = _relayout(state, t, order)
-        if amsgrad and "max_exp_avg_sq_codes" not in state:  # amsgrad turned on after the states were made
-            state = {**state, **_zero_state(KINDS[state["state_kind"]], t, "max_exp_avg_sq")}
-        cached = self._slots[id(p)] = _ParamSlot(t, state, amsgrad)
+            state = _relayout(state, t, order, names)
+        for name, _ in names:
+            if name + "_codes" not in state:
+                state = {**state, **_zero_state(KINDS[state["state_kind"]], t, name)}
+        cached = self._slots[id(p)] = _ParamSlot(t, state, names)
         return cached, state
 
     # ---- the step --------------------------------------------------------------------------------------------
@@ -403,6 +388,7 @@ class LowBitAdamW(torch.optim.Optimizer):
         calls = []
         for group in self.param_groups:
             lr = _lr(group)
+            names = self._states(group)
             by_call = {}  # (device, kind) -> [(state, slot, grad, (param, name))]
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 if p.grad is None:
@@ -412,7 +398,7 @@ class LowBitAdamW(torch.optim.Optimizer):
                 if g is not p.grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
                     g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
                 old = self.state.get(p)
-                ps, state = self._slot(p, t, old or self._init_state(p, group, name), group["amsgrad"])
+                ps, state = self._slot(p, t, old or self._init_state(p, group, name), names)
                 if state is not old:
                     pending[p] = state
                 grad = ps.set_grad(g, t)
@@ -448,7 +434,7 @@ class LowBitAdamW(torch.optim.Optimizer):
                 if _sharded.is_checkpoint(saved[pid]):
                     loaded[p] = self._convert_sharded(p, merged, name, saved[pid])
                     continue
-                if _import.is_foreign(saved[pid]):
+                if _import.is_foreign(saved[pid], [n for n, _ in self._states(merged)]):
                     loaded[p] = self._convert_foreign(p, merged, name, saved[pid])
                     continue
                 st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
@@ -463,10 +449,10 @@ class LowBitAdamW(torch.optim.Optimizer):
         """torch.optim.Optimizer's state_dict; the states of DTensor params in their sharded checkpoint form
         (lbopt._sharded), which torch.distributed.checkpoint saves per rank and reshards at load."""
         sd = super().state_dict()
-        for pid, (p, _, name) in enumerate(self._params()):
+        for pid, (p, group, name) in enumerate(self._params()):
             if pid in sd["state"] and _sharded.is_dtensor(p):
                 sd["state"][pid] = _sharded.to_checkpoint(sd["state"][pid], p, _local(p, p, name),
-                                                          _what(p, name), [n for n, _ in _MOMENTS])
+                                                          _what(p, name), [n for n, _ in self._states(group)])
         return sd
 
     def _convert_sharded(self, p, group, name, entry):
@@ -480,7 +466,7 @@ class LowBitAdamW(torch.optim.Optimizer):
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
-        for moment_name, moment, values in _sharded.from_checkpoint(entry, p, t, st, what, _MOMENTS,
+        for moment_name, moment, values in _sharded.from_checkpoint(entry, p, t, st, what, self._states(group),
                                                                     _import.codebook):
             _encode(st, moment_name, moment, values.contiguous(), what)
         return st
@@ -494,9 +480,9 @@ class LowBitAdamW(torch.optim.Optimizer):
         t = _local(p, p, name)
         st = self._init_state(p, group, name)
         kind = KINDS[st["state_kind"]]
-        sources, step = _import.moments(entry, what)
+        needed = self._states(group)
+        sources, step = _import.moments(entry, what, [n for n, _ in needed])
         st["step"] = _step_count(step, what)
-        needed = [(n, m) for n, m in _MOMENTS if n + "_codes" in st]
         for moment_name, _ in needed:
             if moment_name not in sources:
                 raise ValueError(f"lbopt: the saved state of {what} has no {moment_name}")
@@ -573,13 +559,13 @@ def _zero_state(kind, p, moment):
     return out
 
 
-def _relayout(state, p, order):
+def _relayout(state, p, order, names):
     """p's state re-laid out from the dim order it was made in to `order` (p's now), as a new dict of new tensors:
     each moment decoded in the old order, copied into the new one and encoded. Exact for fp32 states; quantized
     ones are re-blocked."""
     kind = KINDS[state["state_kind"]]
     out = dict(state)
-    for name, moment in _MOMENTS:
+    for name, moment in names:
         if name + "_codes" in state:
             old = _empty_in_order(p.shape, _state_order(state, p), p.device)
             _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), _view(old).ptr, None))
@@ -589,22 +575,145 @@ def _relayout(state, p, order):
     return out
 
 
-def _kind_class(name, kind, adam, doc):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0 if adam else 1e-2,
-                 amsgrad=False, **kwargs):
-        LowBitAdamW.__init__(self, params, lr, betas, eps, weight_decay, amsgrad, state_kind=kind, adam=adam,
-                             **kwargs)
+_COMMON_DOC = """
+    Common args:
+        params: iterable of tensors, dicts (param groups) or (name, tensor) pairs.
+        lr: float or tensor; read as a host double on every step().
+        maximize: ascend instead of descend.
+        state_kind: '4bit', '8bit', 'fp8' or 'fp32'.
+        min_quant_size: tensors with fewer elements keep fp32 states (default 4096, as torchao and bitsandbytes).
+        keep_fp32: params (tensors, or names when named parameters are given) whose states stay fp32; a param
+            group may also set fp32_state=True.
+        bf16_stochastic_round: round bfloat16 params stochastically (reproducible: keyed by seed, step, element).
+        skip_nonfinite: leave a tensor whose gradient has NaN/Inf untouched (its step count does not advance).
+        foreach, fused: accepted for torch.optim compatibility; lbopt always runs one fused call per group.
+    Works with torch.amp.GradScaler: the scaler's scale and found_inf reach the library, which skips the whole
+    step on overflow without writing anything. A step() is atomic: everything it would pass to the library is
+    validated before the first param or state is written.
+"""
+
+
+def _init_common(self, params, defaults, maximize=False, state_kind="4bit", min_quant_size=4096, keep_fp32=(),
+                 bf16_stochastic_round=False, skip_nonfinite=False, seed=0, foreach=None, fused=None,
+                 capturable=False, differentiable=False):
+    _LowBit.__init__(self, params, {**defaults, "maximize": maximize}, state_kind=state_kind,
+                     min_quant_size=min_quant_size, keep_fp32=keep_fp32,
+                     bf16_stochastic_round=bf16_stochastic_round, skip_nonfinite=skip_nonfinite, seed=seed,
+                     capturable=capturable, differentiable=differentiable)
+
+
+def _betas(group, n):
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != n:
+        raise ValueError(f"lbopt: betas must be a tuple of {n}, not {betas!r}")
+    return {f"beta{i + 1}": _real(b, f"betas[{i}]") for i, b in enumerate(betas)}
+
+
+class LowBitAdamW(_LowBit):
+    """AdamW (or Adam with adam=True, AMSGrad with amsgrad=True), as torch.optim.AdamW; states exp_avg,
+    exp_avg_sq (and max_exp_avg_sq)."""
+    __doc__ += _COMMON_DOC
+    _optimizer = "adamw"
+    _OWN_ATTRS = _LowBit._OWN_ATTRS + ("adam",)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 adam=False, **common):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
+        self.adam = adam
+        _init_common(self, params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                        amsgrad=amsgrad), **common)
+
+    def _fields(self, group):
+        flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if self.adam else 0)
+                 | (_abi.FLAG_AMSGRAD if group["amsgrad"] else 0))
+        return dict(_betas(group, 2), eps=_real(group["eps"], "eps"),
+                    weight_decay=_real(group["weight_decay"], "weight_decay")), flags
+
+
+class LowBitSGD(_LowBit):
+    """SGD with momentum, dampening, Nesterov and (coupled) weight decay, as torch.optim.SGD, with the momentum
+    buffer (state momentum_buffer) in low bit; momentum=0 (torch's default) keeps no state."""
+    __doc__ += _COMMON_DOC
+    _optimizer = "sgd"
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        _init_common(self, params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                        nesterov=nesterov), **common)
+
+    def _fields(self, group):
+        return (dict(momentum=_real(group["momentum"], "momentum"), dampening=_real(group["dampening"], "dampening"),
+                     weight_decay=_real(group["weight_decay"], "weight_decay")),
+                _abi.FLAG_NESTEROV if group["nesterov"] else 0)
+
+
+class LowBitLion(_LowBit):
+    """Lion (Chen et al. 2023) with bitsandbytes' update: p *= 1 - lr * wd; p -= lr * sign(beta1 m + (1 - beta1)
+    g); m = beta2 m + (1 - beta2) g. State exp_avg. Defaults as bitsandbytes' Lion."""
+    __doc__ += _COMMON_DOC
+    _optimizer = "lion"
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
+        _init_common(self, params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **common)
+
+    def _fields(self, group):
+        return dict(_betas(group, 2), weight_decay=_real(group["weight_decay"], "weight_decay")), 0
+
+
+class LowBitAdEMAMix(_LowBit):
+    """AdEMAMix (Pagliardini et al. 2024) as bitsandbytes' AdEMAMix: betas (beta1, beta2, beta3), alpha and the
+    optional warm-ups t_alpha and t_beta3 (None: none). States m1, m2, nu."""
+    __doc__ += _COMMON_DOC
+    _optimizer = "ademamix"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None,
+                 eps=1e-8, weight_decay=1e-2, **common):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 3:
+            raise ValueError(f"lbopt: betas must be a tuple of 3, not {betas!r}")
+        _init_common(self, params, dict(lr=lr, betas=tuple(betas), alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3,
+                                        eps=eps, weight_decay=weight_decay), **common)
+
+    def _fields(self, group):
+        warm = {k: 0.0 if group[k] is None else _real(group[k], k) for k in ("t_alpha", "t_beta3")}
+        return dict(_betas(group, 3), alpha=_real(group["alpha"], "alpha"), eps=_real(group["eps"], "eps"),
+                    weight_decay=_real(group["weight_decay"], "weight_decay"), **warm), 0
+
+
+def _kind_class(base, name, kind, doc):
+    """base with its state kind fixed."""
+    def __init__(self, params, *args, **kwargs):
+        base.__init__(self, params, *args, **{**kwargs, "state_kind": kind})
+
+    return type(name, (base,), {"__init__": __init__, "__doc__": doc + "\n" + (base.__doc__ or "")})
+
+
+_BYTES = {"4bit": "4-bit states (block 128)", "8bit": "8-bit dynamic-map states (block 256)",
+          "fp8": "float8 e4m3 states (block 256)", "fp32": "full-precision (fp32) states"}
+AdamW4bit = _kind_class(LowBitAdamW, "AdamW4bit", "4bit", "AdamW with 4-bit states (block 128), 1.06 bytes/param.")
+AdamW8bit = _kind_class(LowBitAdamW, "AdamW8bit", "8bit", "AdamW with 8-bit dynamic-map states (block 256).")
+AdamWFp8 = _kind_class(LowBitAdamW, "AdamWFp8", "fp8", "AdamW with float8 e4m3 states (block 256).")
+AdamW = _kind_class(LowBitAdamW, "AdamW", "fp32", "AdamW with full-precision (fp32) states, fused in lbopt.")
+
+
+def _adam_class(name, kind, doc):
+    """Adam: L2 decay coupled into the gradient, torch.optim.Adam's default weight_decay of 0."""
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **kwargs):
+        LowBitAdamW.__init__(self, params, lr, betas, eps, weight_decay, amsgrad, **{**kwargs, "adam": True,
+                                                                                    "state_kind": kind})
 
     return type(name, (LowBitAdamW,), {"__init__": __init__, "__doc__": doc})
 
 
-AdamW4bit = _kind_class("AdamW4bit", "4bit", False, "AdamW with 4-bit states (block 128), 1.06 bytes/param.")
-AdamW8bit = _kind_class("AdamW8bit", "8bit", False, "AdamW with 8-bit dynamic-map states (block 256).")
-AdamWFp8 = _kind_class("AdamWFp8", "fp8", False, "AdamW with float8 e4m3 states (block 256).")
-Adam4bit = _kind_class("Adam4bit", "4bit", True, "Adam (L2 decay coupled into the gradient), 4-bit states.")
-Adam8bit = _kind_class("Adam8bit", "8bit", True, "Adam (L2 decay coupled into the gradient), 8-bit states.")
-AdamFp8 = _kind_class("AdamFp8", "fp8", True, "Adam (L2 decay coupled into the gradient), float8 states.")
-AdamW = _kind_class("AdamW", "fp32", False, "AdamW with full-precision (fp32) states, fused in lbopt.")
+Adam4bit = _adam_class("Adam4bit", "4bit", "Adam (L2 decay coupled into the gradient), 4-bit states.")
+Adam8bit = _adam_class("Adam8bit", "8bit", "Adam (L2 decay coupled into the gradient), 8-bit states.")
+AdamFp8 = _adam_class("AdamFp8", "fp8", "Adam (L2 decay coupled into the gradient), float8 states.")
+for _base, _prefix in ((LowBitSGD, "SGD"), (LowBitLion, "Lion"), (LowBitAdEMAMix, "AdEMAMix")):
+    for _kind, _suffix in (("4bit", "4bit"), ("8bit", "8bit"), ("fp8", "Fp8"), ("fp32", "")):
+        globals()[_prefix + _suffix] = _kind_class(_base, _prefix + _suffix, _kind,
+                                                   f"{_prefix} with {_BYTES[_kind]}.")
+del _base, _prefix, _kind, _suffix
 
 
 # ---- conversion to and from torch.optim.AdamW state_dicts -----------------------------------------------------
