@@ -482,6 +482,8 @@ class _LowBit(torch.optim.Optimizer):
         kind = KINDS[st["state_kind"]]
         needed = self._states(group)
         sources, step = _import.moments(entry, what, [n for n, _ in needed])
+        if step is None and self._optimizer == "sgd":
+            step = 1  # torch.optim.SGD counts no steps; a saved buffer means at least one was made
         st["step"] = _step_count(step, what)
         for moment_name, _ in needed:
             if moment_name not in sources:
