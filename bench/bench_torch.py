@@ -4,19 +4,48 @@ optimizer state bytes per parameter; and the per-step Python overhead on a model
 
 usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \
        python3 bench/bench_torch.py [--params 100e6] [--steps 10] [--small 300]
-       [--device cpu|cuda]
+       [--device cpu|cuda] [--threads N] [--json PATH]
+       python3 bench/bench_torch.py --model gpt2-small [--steps 10] [--peer-steps 3] [--warmup 2]
+       [--threads N] [--json PATH]
 Peers: torch.optim.AdamW(fused=True), torchao AdamW4bit, and on CPU DeepSpeed's DeepSpeedCPUAdam where
 `import deepspeed` works (it JIT-builds its C++ op on first use). Prints markdown tables (for docs/benchmarks.md).
+
+--model gpt2-small: the 148 parameter tensors of GPT-2 small (124,439,808 fp32 params; built here with GPT-2's
+shapes, random values and random grads, no download), one round-robin run of torch AdamW(fused=True), lbopt AdamW
+(fp32 states), AdamW4bit, AdamWFp8, AdamW8bit, bitsandbytes AdamW8bit and torchao AdamW4bit: each round steps every
+optimizer once, in turn; warm-up rounds are not timed; a missing or failing peer is a row saying why. The two slow
+peers (bitsandbytes' and torchao's CPU steps take seconds) are timed for only --peer-steps steps.
+--threads N: torch.set_num_threads(N), lbopt.set_num_threads(N) (the C ABI's lbopt_set_num_threads), and
+OMP_NUM_THREADS / LBOPT_NUM_THREADS set before torch and lbopt load.
 """
 import argparse
+import json
 import math
+import os
+import platform
 import statistics
+import sys
 import time
 
-import torch
 
-import lbopt
-import lbopt.torch as lt
+def _early_threads(argv):
+    """--threads, read before torch loads: OpenMP (torch, inductor's C++ kernels, bitsandbytes) sizes its pool
+    from OMP_NUM_THREADS once, at load."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--threads", type=int)
+    n = ap.parse_known_args(argv)[0].threads
+    if n:
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        os.environ["LBOPT_NUM_THREADS"] = str(n)
+    return n
+
+
+_early_threads(sys.argv[1:])
+
+import torch  # noqa: E402
+
+import lbopt  # noqa: E402
+import lbopt.torch as lt  # noqa: E402
 
 
 DEVICE = "cpu"
@@ -89,15 +118,29 @@ def candidates():
     return out
 
 
+def _state_tensors(v):
+    """The plain tensors holding one state value: a tensor subclass (torchao's OptimState4bit) by its inner
+    tensors (codes, scale, qmap), a plain tensor itself; python numbers and strings hold none."""
+    if not torch.is_tensor(v):
+        return []
+    if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter and hasattr(v, "__tensor_flatten__"):
+        names, _ = v.__tensor_flatten__()
+        return [t for n in names for t in _state_tensors(getattr(v, n))]
+    return [v]
+
+
 def state_bytes(opt):
-    """Bytes of optimizer state tensors (a torchao subclass tensor counts its codes and scales)."""
+    """Bytes of optimizer state tensors, measured from opt.state (a torchao subclass tensor counts its codes,
+    scales and qmap); a tensor shared by several params' states (bitsandbytes' qmaps) counts once."""
+    seen = set()
     total = 0
     for st in opt.state.values():
         for v in st.values():
-            if hasattr(v, "codes") and hasattr(v, "scale"):
-                total += v.codes.nbytes + v.scale.nbytes
-            elif torch.is_tensor(v):
-                total += v.nbytes
+            for t in _state_tensors(v):
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.nbytes)
+                if key not in seen:
+                    seen.add(key)
+                    total += t.nbytes
     return total
 
 
@@ -125,15 +168,226 @@ def round_robin(makers, args):
     return rows
 
 
+# ---- --model gpt2-small ------------------------------------------------------------------------------------------
+
+GPT2_SMALL_PARAMS = 124_439_808
+GPT2_SMALL_TENSORS = 148
+
+
+def gpt2_small_shapes(n_layer=12, d=768, vocab=50257, n_ctx=1024):
+    """(name, shape) of GPT-2 small's parameters, as Hugging Face's GPT2Model names them (Conv1D weights are
+    in x out); lm_head is tied to wte and holds no tensor of its own."""
+    shapes = [("wte.weight", (vocab, d)), ("wpe.weight", (n_ctx, d))]
+    for i in range(n_layer):
+        h = f"h.{i}."
+        shapes += [(h + "ln_1.weight", (d,)), (h + "ln_1.bias", (d,)),
+                   (h + "attn.c_attn.weight", (d, 3 * d)), (h + "attn.c_attn.bias", (3 * d,)),
+                   (h + "attn.c_proj.weight", (d, d)), (h + "attn.c_proj.bias", (d,)),
+                   (h + "ln_2.weight", (d,)), (h + "ln_2.bias", (d,)),
+                   (h + "mlp.c_fc.weight", (d, 4 * d)), (h + "mlp.c_fc.bias", (4 * d,)),
+                   (h + "mlp.c_proj.weight", (4 * d, d)), (h + "mlp.c_proj.bias", (d,))]
+    shapes += [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
+    return shapes
+
+
+def gpt2_small_tensors():
+    """GPT-2 small's params (fp32, N(0, 0.02); LayerNorm weights 1, biases 0) and random grads (N(0, 1e-3)),
+    checked against the model's published size."""
+    shapes = gpt2_small_shapes()
+    n = sum(math.prod(shape) for _, shape in shapes)
+    if len(shapes) != GPT2_SMALL_TENSORS or n != GPT2_SMALL_PARAMS:
+        raise AssertionError(f"gpt2-small: {len(shapes)} tensors, {n} params; expected {GPT2_SMALL_TENSORS}, "
+                             f"{GPT2_SMALL_PARAMS}")
+    gen = torch.Generator().manual_seed(0)
+    values, grads = [], []
+    for name, shape in shapes:
+        if ".ln_" in name or name.startswith("ln_f"):
+            v = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+        elif name.endswith("bias"):
+            v = torch.zeros(shape)
+        else:
+            v = torch.randn(shape, generator=gen) * 0.02
+        values.append(v)
+        grads.append(torch.randn(shape, generator=gen) * 1e-3)
+    return values, grads
+
+
+def model_rows():
+    """(name, maker, slow) per row; a maker raises ImportError where its package is missing. slow: timed for
+    --peer-steps steps only."""
+    kw = dict(lr=1e-3, weight_decay=1e-2)
+
+    def bnb_adamw8bit(ps):
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(ps, **kw)
+
+    def torchao_adamw4bit(ps):
+        import torchao.optim as ao
+
+        return ao.AdamW4bit(ps, **kw)
+
+    return [("torch AdamW(fused=True) fp32", lambda ps: torch.optim.AdamW(ps, fused=True, **kw), False),
+            ("lbopt AdamW (fp32 states)", lambda ps: lt.AdamW(ps, **kw), False),
+            ("lbopt AdamW4bit", lambda ps: lt.AdamW4bit(ps, **kw), False),
+            ("lbopt AdamWFp8", lambda ps: lt.AdamWFp8(ps, **kw), False),
+            ("lbopt AdamW8bit", lambda ps: lt.AdamW8bit(ps, **kw), False),
+            ("bitsandbytes AdamW8bit (CPU)", bnb_adamw8bit, True),
+            ("torchao AdamW4bit", torchao_adamw4bit, True)]
+
+
+def _why(e):
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg[:300]}" if msg else type(e).__name__
+
+
+def package_versions():
+    out = {"torch": torch.__version__, "lbopt": lbopt.version()}
+    for mod in ("torchao", "bitsandbytes"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001 -- a peer that fails to import is reported, not fatal
+            out[mod] = f"not importable ({_why(e)})"
+    return out
+
+
+def cpu_description():
+    """The CPU's name and instruction sets as the libraries see them: lbopt's dispatched kernel target
+    (lbopt_build_info's cpu_kernels), torch's CPU capability, and the AVX-512 / AMX flags of /proc/cpuinfo."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key.strip() == "model name":
+                    name = val.strip()
+                elif key.strip() == "flags":
+                    flags = set(val.split())
+                    break
+    except OSError:
+        pass
+    try:
+        torch_isa = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001
+        torch_isa = "unknown"
+    wide = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma", "avx_vnni"))
+    return {"cpu": name, "cores": os.cpu_count(), "lbopt_cpu_kernels": lbopt.build_info()["cpu_kernels"],
+            "torch_cpu_capability": torch_isa, "flags": wide}
+
+
+def run_model(args):
+    """One round-robin run over GPT-2 small's tensors: every row holds its own params (the grads are shared: no
+    optimizer writes them) and states at once; round r steps each row still running, in turn. Rows time
+    --warmup + --steps steps (slow peers --warmup + --peer-steps); the warm-up steps (torchao's compile, first
+    touch of the states) are not timed. A row that fails to build or to step is reported with the reason."""
+    values, grads = gpt2_small_tensors()
+    n_params = sum(v.numel() for v in values)
+    rows = {}  # name -> result dict
+    live = {}  # name -> (optimizer, params, steps to run)
+    for name, make, slow in model_rows():
+        steps = args.peer_steps if slow else args.steps
+        res = rows[name] = {"status": "ok", "steps_timed": 0, "times_ms": []}
+        if steps <= 0:
+            res["status"] = "skipped (--peer-steps 0)"
+            continue
+        ps = [torch.nn.Parameter(v.clone()) for v in values]
+        for p, g in zip(ps, grads):
+            p.grad = g
+        try:
+            opt = make(ps)
+        except ImportError as e:
+            res["status"] = f"missing: {_why(e)}"
+            continue
+        except Exception as e:  # noqa: BLE001
+            res["status"] = f"failed to build: {_why(e)}"
+            continue
+        live[name] = (opt, ps, args.warmup + steps)
+    rounds = max((n for _, _, n in live.values()), default=0)
+    t_run = time.perf_counter()
+    for r in range(rounds):
+        for name in list(live):
+            opt, ps, n = live[name]
+            if r >= n:
+                continue
+            try:
+                t = timed_step(opt, 1e-3)
+            except Exception as e:  # noqa: BLE001
+                rows[name]["status"] = f"failed in step {r + 1}: {_why(e)}"
+                del live[name], opt, ps
+                continue
+            if r >= args.warmup:
+                rows[name]["times_ms"].append(t * 1e3)
+            elif args.verbose:
+                print(f"  warm-up step {r + 1} of {name}: {t * 1e3:.0f} ms", file=sys.stderr, flush=True)
+        if args.verbose:
+            print(f"  round {r + 1}/{rounds} done, {time.perf_counter() - t_run:.0f} s", file=sys.stderr,
+                  flush=True)
+    for name, (opt, ps, _) in live.items():  # state bytes once the states exist
+        res = rows[name]
+        res["steps_timed"] = len(res["times_ms"])
+        res["median_ms"] = statistics.median(res["times_ms"]) if res["times_ms"] else None
+        res["state_bytes"] = state_bytes(opt)
+        res["state_bytes_per_param"] = res["state_bytes"] / n_params
+    ref = rows["torch AdamW(fused=True) fp32"].get("median_ms")
+    for res in rows.values():
+        res["speed_vs_torch_fused"] = ref / res["median_ms"] if ref and res.get("median_ms") else None
+    return rows, n_params, time.perf_counter() - t_run
+
+
+def main_model(args):
+    if args.device != "cpu":
+        raise SystemExit("--model gpt2-small runs on the CPU only (bitsandbytes' and torchao's CPU rows)")
+    versions, cpu = package_versions(), cpu_description()
+    threads = {"torch": torch.get_num_threads(), "lbopt": lbopt.get_num_threads(),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+               "LBOPT_NUM_THREADS": os.environ.get("LBOPT_NUM_THREADS")}
+    print(", ".join(f"{k} {v}" for k, v in versions.items()))
+    print(f"CPU: {cpu['cpu']}, {cpu['cores']} cores; lbopt CPU kernels {cpu['lbopt_cpu_kernels']}, torch CPU "
+          f"capability {cpu['torch_cpu_capability']}; flags: {' '.join(cpu['flags']) or 'none listed'}")
+    print(f"threads: torch {threads['torch']}, lbopt {threads['lbopt']}\n", flush=True)
+    rows, n_params, wall = run_model(args)
+    print(f"## Optimizer step time on the CPU, GPT-2 small ({n_params:,} fp32 params, {GPT2_SMALL_TENSORS} "
+          f"tensors), one round-robin run, median step time after {args.warmup} warm-up steps\n")
+    print("| optimizer | steps timed | median step (ms) | speed vs torch fused | state bytes / param |")
+    print("|---|---|---|---|---|")
+    for name, r in rows.items():
+        if r.get("median_ms") is None:
+            print(f"| {name} | - | {r['status']} | - | - |")
+            continue
+        ratio = f"{r['speed_vs_torch_fused']:.2f}x" if r["speed_vs_torch_fused"] else "-"
+        print(f"| {name} | {r['steps_timed']} | {r['median_ms']:.1f} | {ratio} | {r['state_bytes_per_param']:.3f} |")
+    print(f"\nspeed vs torch fused: torch AdamW(fused=True)'s median step time / the row's (higher is faster); "
+          f"state bytes / param: the optimizer's state tensors over {n_params:,} params. Run took {wall:.0f} s.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": "gpt2-small", "params": n_params, "tensors": GPT2_SMALL_TENSORS,
+                       "steps": args.steps, "peer_steps": args.peer_steps, "warmup": args.warmup,
+                       "versions": versions, "cpu": cpu, "threads": threads, "wall_s": wall, "rows": rows},
+                      f, indent=1)
+        print(f"wrote {args.json}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=100e6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", type=int, default=300)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", choices=["gpt2-small"], help="step a model's parameter set instead of --params")
+    ap.add_argument("--peer-steps", type=int, default=3,
+                    help="--model: timed steps of the slow peers (bitsandbytes, torchao); 0 skips them")
+    ap.add_argument("--warmup", type=int, default=2, help="--model: untimed warm-up steps per optimizer")
+    ap.add_argument("--threads", type=int, help="threads of torch, OpenMP and lbopt's pool (default: theirs)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--verbose", action="store_true", help="--model: progress on stderr")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        lbopt.set_num_threads(args.threads)
+    if args.model:
+        return main_model(args)
     print(f"torch {torch.__version__}, lbopt {lbopt.version()}, device {DEVICE}, threads: torch "
           f"{torch.get_num_threads()}, lbopt {lbopt.get_num_threads()}; {lbopt.build_info()['cpu_kernels']} CPU "
           "kernels\n")
@@ -159,6 +413,7 @@ def main():
         print(f"| {name} | {r['constant'] * 1e3:.1f} | {r['cosine'] * 1e3:.1f} | {r['cosine'] / r['constant']:.3f} "
               f"| {ref / r['constant']:.2f}x | {r['bytes']:.2f} |", flush=True)
 
+    overhead = {}
     print(f"\n## Per-step overhead, {args.small} params of 64 elements, median of 50 steps\n")
     print("| optimizer | us per step |")
     print("|---|---|")
@@ -170,7 +425,15 @@ def main():
         for p in ps:
             p.grad = torch.randn_like(p)
         opt = make(ps)
-        print(f"| {name} | {time_steps(opt, 50, 'cosine') * 1e6:.0f} |")
+        overhead[name] = time_steps(opt, 50, "cosine") * 1e6
+        print(f"| {name} | {overhead[name]:.0f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"params": args.params, "steps": args.steps, "device": DEVICE,
+                       "versions": {"torch": torch.__version__, "lbopt": lbopt.version()},
+                       "threads": {"torch": torch.get_num_threads(), "lbopt": lbopt.get_num_threads()},
+                       "step_s": rows, "overhead_us": overhead}, f, indent=1)
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
