@@ -1,10 +1,12 @@
 // CPU step throughput against a memory copy of the same footprint, measured in the same run.
 // usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16]
-//                   [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]   (threads 0 = all; sizes take K/M suffixes;
-//                   --isa restricts Highway's runtime dispatch to one instruction set the CPU supports)
-// Per state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s (the bytes
-// of ALGORITHMS.md section 8: param read+write, grad read, both states read+written, scales) and the ratio to
-// the roofline's GB/s (see roofline()), measured with the same footprint and threads; best of reps for all.
+//                   [--optimizers adamw,sgd,lion,ademamix] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
+//                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
+//                   instruction set the CPU supports; optimizers default to adamw, SGD runs with momentum 0.9)
+// Per optimizer, state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s
+// (the bytes of ALGORITHMS.md section 8: param read+write, grad read, every state read+written, scales), the
+// ratio to the roofline's GB/s (see roofline()), measured with the same footprint and threads, and the ratio of
+// ns/element to AdamW's of the same kind, dtype, size and threads when adamw runs too; best of reps for all.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,59 +163,78 @@ void fill(std::vector<uint8_t>& buf, bool bf16, float sigma, uint64_t seed) {
 }
 
 struct Row {
-  std::string kind, param;
+  std::string optimizer, kind, param;
   int64_t numel;
   int threads;
   double ns, gbs;
   Roofline roof;
 };
 
-Row run(int kind, bool bf16, int64_t n, int reps, Team& team) {
+Row run(lbopt_optimizer optimizer, int kind, bool bf16, int64_t n, int reps, Team& team) {
   const DLDataType f32{kDLFloat, 32, 1}, b16{kDLBfloat, 16, 1};
   const DLDataType dt = bf16 ? b16 : f32;
   const size_t elem = bf16 ? 2 : 4;
   std::vector<uint8_t> p(size_t(n) * elem), g(size_t(n) * elem);
   fill(p, bf16, 0.1f, 1);
   fill(g, bf16, 0.01f, 2);
-  lbopt_layout l;
-  lbopt_state_layout(lbopt_state_kind(kind), n, &l, sizeof l);
-  std::vector<uint8_t> mc(size_t(l.codes_bytes)), vc(size_t(l.codes_bytes));
-  std::vector<float> ms(size_t(std::max<int64_t>(l.scales_numel, 1))), vs(ms.size());
-  int64_t cn = l.codes_numel, sn = l.scales_numel;
-  DLTensor tp = view(p.data(), &n, dt), tg = view(g.data(), &n, dt), tmc = view(mc.data(), &cn, l.codes_dtype),
-           tvc = view(vc.data(), &cn, l.codes_dtype), tms = view(ms.data(), &sn, f32),
-           tvs = view(vs.data(), &sn, f32);
-  const bool plain = kind == LBOPT_STATE_FP32;
-  lbopt_adamw_slot slot{sizeof slot, &tp, &tg, {&tmc, plain ? nullptr : &tms}, {&tvc, plain ? nullptr : &tvs},
-                        {nullptr, nullptr}, 1};
-  lbopt_adamw_config cfg;
-  lbopt_adamw_config_init(&cfg, sizeof cfg);
+  lbopt_optimizer_config cfg;
+  lbopt_optimizer_config_init(&cfg, sizeof cfg, optimizer);
   cfg.state_kind = lbopt_state_kind(kind);
   cfg.weight_decay = 0.01;
-  lbopt_state_init(cfg.state_kind, n, slot.m, nullptr);
-  lbopt_state_init(cfg.state_kind, n, slot.v, nullptr);
+  lbopt_state_info infos[LBOPT_MAX_STATES];
+  size_t n_states = 0;
+  if (lbopt_optimizer_states(&cfg, infos, &n_states) != LBOPT_OK) {
+    fprintf(stderr, "%s\n", lbopt_last_error());
+    exit(1);
+  }
+  lbopt_layout l;
+  lbopt_state_layout(lbopt_state_kind(kind), n, &l, sizeof l);
+  int64_t cn = l.codes_numel, sn = l.scales_numel;
+  std::vector<std::vector<uint8_t>> codes(n_states, std::vector<uint8_t>(size_t(l.codes_bytes)));
+  std::vector<std::vector<float>> scales(n_states, std::vector<float>(size_t(std::max<int64_t>(sn, 1))));
+  std::vector<DLTensor> tc(n_states), ts(n_states);
+  DLTensor tp = view(p.data(), &n, dt), tg = view(g.data(), &n, dt);
+  const bool plain = kind == LBOPT_STATE_FP32;
+  lbopt_slot slot{sizeof slot, &tp, &tg, {}, 1};
+  for (size_t k = 0; k < n_states; ++k) {
+    tc[k] = view(codes[k].data(), &cn, l.codes_dtype);
+    ts[k] = view(scales[k].data(), &sn, f32);
+    slot.states[k] = {&tc[k], plain ? nullptr : &ts[k]};
+    lbopt_state_init(cfg.state_kind, n, slot.states[k], nullptr);
+  }
   int64_t step = 0;
   const auto one = [&] {
     slot.step = ++step;
-    if (lbopt_adamw_step(&cfg, 1e-3, &slot, 1, nullptr) != LBOPT_OK) {
+    if (lbopt_step(&cfg, 1e-3, &slot, 1, nullptr) != LBOPT_OK) {
       fprintf(stderr, "%s\n", lbopt_last_error());
       exit(1);
     }
   };
   one();  // first touch and non-trivial states
   const double t = best_of(reps, one);
-  const double bytes = double(n) * (3.0 * double(elem)) + 4.0 * double(l.codes_bytes) + 16.0 * double(sn);
-  static const char* kinds[] = {"4bit", "8bit", "fp8", "fp32"};
-  Row r{kinds[kind], bf16 ? "bf16" : "fp32", n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
+  const double bytes = double(n) * (3.0 * double(elem)) + double(n_states) * (2.0 * double(l.codes_bytes) +
+                                                                               8.0 * double(sn));
+  Row r{lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)), bf16 ? "bf16" : "fp32", n,
+        lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
   r.roof = roofline(team, size_t(bytes), reps);
   return r;
 }
+
+int find_name(const char* (*name)(int), const std::string& s) {
+  for (int i = 0; name(i); ++i)
+    if (s == name(i)) return i;
+  fprintf(stderr, "unknown name %s\n", s.c_str());
+  exit(2);
+}
+
+const char* kind_name(int i) { return lbopt_state_kind_name(lbopt_state_kind(i)); }
+const char* optimizer_name(int i) { return lbopt_optimizer_name(lbopt_optimizer(i)); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> sizes{"1M", "16M"}, threads{"1", "0"}, kinds{"4bit", "8bit", "fp8", "fp32"},
-      params{"fp32", "bf16"};
+      params{"fp32", "bf16"}, optimizers{"adamw"};
   int reps = 5;
   const char* csv = nullptr;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -222,6 +243,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = split(argv[i + 1]);
     else if (a == "--kinds") kinds = split(argv[i + 1]);
     else if (a == "--params") params = split(argv[i + 1]);
+    else if (a == "--optimizers") optimizers = split(argv[i + 1]);
     else if (a == "--reps") reps = atoi(argv[i + 1]);
     else if (a == "--csv") csv = argv[i + 1];
     else if (a == "--isa") {
@@ -240,25 +262,32 @@ int main(int argc, char** argv) {
     }
   }
   FILE* out = csv ? fopen(csv, "w") : nullptr;
-  if (out) fprintf(out, "kind,param,numel,threads,ns_per_elem,gbs,memcpy_gbs,inplace_gbs\n");
+  if (out) fprintf(out, "optimizer,kind,param,numel,threads,ns_per_elem,gbs,memcpy_gbs,inplace_gbs\n");
   printf("cpu kernels: %s\n", lbopt_build_info());
-  printf("%-5s %-5s %11s %4s %9s %8s %8s %8s %9s\n", "state", "param", "numel", "thr", "ns/elem", "GB/s", "memcpy",
-         "x+=y", "vs roof");
+  printf("%-9s %-5s %-5s %11s %4s %9s %8s %8s %8s %9s %8s\n", "optimizer", "state", "param", "numel", "thr",
+         "ns/elem", "GB/s", "memcpy", "x+=y", "vs roof", "vs adamw");
   for (const std::string& th : threads) {
     if (lbopt_set_num_threads(atoi(th.c_str())) != LBOPT_OK) return 1;
     Team team(lbopt_get_num_threads());
     for (const std::string& size : sizes)
       for (const std::string& k : kinds)
         for (const std::string& pd : params) {
-          const int kind = k == "4bit" ? 0 : k == "8bit" ? 1 : k == "fp8" ? 2 : 3;
-          const Row r = run(kind, pd == "bf16", parse_size(size), reps, team);
-          printf("%-5s %-5s %11lld %4d %9.3f %8.2f %8.2f %8.2f %8.1f%%\n", r.kind.c_str(), r.param.c_str(),
-                 (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs, r.roof.inplace_gbs,
-                 100.0 * r.gbs / r.roof.best());
-          fflush(stdout);
-          if (out)
-            fprintf(out, "%s,%s,%lld,%d,%.4f,%.3f,%.3f,%.3f\n", r.kind.c_str(), r.param.c_str(),
-                    (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs, r.roof.inplace_gbs);
+          double adamw_ns = 0;
+          for (const std::string& o : optimizers) {
+            const Row r = run(lbopt_optimizer(find_name(optimizer_name, o)), find_name(kind_name, k), pd == "bf16",
+                              parse_size(size), reps, team);
+            if (r.optimizer == "adamw") adamw_ns = r.ns;
+            char vs[16] = "";
+            if (adamw_ns > 0) snprintf(vs, sizeof vs, "%.2fx", r.ns / adamw_ns);
+            printf("%-9s %-5s %-5s %11lld %4d %9.3f %8.2f %8.2f %8.2f %8.1f%% %8s\n", r.optimizer.c_str(),
+                   r.kind.c_str(), r.param.c_str(), (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs,
+                   r.roof.inplace_gbs, 100.0 * r.gbs / r.roof.best(), vs);
+            fflush(stdout);
+            if (out)
+              fprintf(out, "%s,%s,%s,%lld,%d,%.4f,%.3f,%.3f,%.3f\n", r.optimizer.c_str(), r.kind.c_str(),
+                      r.param.c_str(), (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs,
+                      r.roof.inplace_gbs);
+          }
         }
   }
   if (out) fclose(out);

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main():
     src, out = sys.argv[1], sys.argv[2]
-    rows = list(csv.DictReader(open(src)))
+    rows = [r for r in csv.DictReader(open(src)) if r.get("optimizer", "adamw") == "adamw"]  # AdamW's curves
     params = sorted({r["param"] for r in rows}, key=lambda p: p != "fp32")
     thread_counts = sorted({int(r["threads"]) for r in rows})
     fig, axes = plt.subplots(len(params), len(thread_counts), figsize=(5.5 * len(thread_counts), 3.8 * len(params)),

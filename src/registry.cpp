@@ -1,10 +1,11 @@
-// The operator registry: static schemas, and one generic invoke that resolves attributes by name and forwards to
-// the typed entry points (which do all tensor validation), so both paths share every check and every result.
-#include <math.h>
+// The operator registry: schemas, and one generic invoke that resolves attributes by name and forwards to the typed
+// entry points (which do all tensor validation), so both paths share every check and every result.
+#include <stdio.h>
 #include <string.h>
 
-#include <utility>
+#include <type_traits>
 
+#include "../kernels/optimizers.h"
 #include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
@@ -83,13 +84,15 @@ const lbopt_attr_arg kSizedAttrs[] = {
 const lbopt_attr_arg* const kHyperAttrs = kStepAttrs + 2;
 constexpr size_t kNumHyperAttrs = sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) - 2;
 
+// The operators of 0.1 and 0.2, written out: their tensor names (m, v, vmax) and order predate lbopt_step, and
+// bindings depend on them. They keep their indices; the generated step operators follow.
 enum OpId {
   kStep4, kStep8, kStepFp8, kStepFp32, kQuantize, kDequantize, kStateInit, kStateLayout,
-  kCapturable4, kCapturable8, kCapturableFp8, kCapturableFp32, kOpCount
+  kCapturable4, kCapturable8, kCapturableFp8, kCapturableFp32, kNumFixedOps
 };
 
 #define LBOPT_ARRAY(a) sizeof(a) / sizeof((a)[0]), a
-const lbopt_op_info kOps[kOpCount] = {
+const lbopt_op_info kFixedOps[kNumFixedOps] = {
     {sizeof(lbopt_op_info), "lbopt.adamw_step.4bit", 1, "Fused AdamW/Adam step, 4-bit states",
      LBOPT_ARRAY(kStepTensors), LBOPT_ARRAY(kStepAttrs)},
     {sizeof(lbopt_op_info), "lbopt.adamw_step.8bit", 1, "Fused AdamW/Adam step, 8-bit states",
@@ -121,13 +124,189 @@ const lbopt_op_info kOps[kOpCount] = {
 };
 #undef LBOPT_ARRAY
 
+// The config field each step attribute sets, by the attribute's name: one name means one field in every operator,
+// and a generated schema takes its type from here and its default from default_config.
+struct Field {
+  const char* name;
+  int32_t type;                                      // lbopt_attr_type
+  double lbopt_optimizer_config::*value = nullptr;   // DOUBLE
+  uint32_t flag = 0;                                 // BOOL: the LBOPT_FLAG_ it sets
+};
+using Config = lbopt_optimizer_config;
+constexpr Field kFields[] = {
+    {"beta1", LBOPT_ATTR_DOUBLE, &Config::beta1},
+    {"beta2", LBOPT_ATTR_DOUBLE, &Config::beta2},
+    {"beta3", LBOPT_ATTR_DOUBLE, &Config::beta3},
+    {"alpha", LBOPT_ATTR_DOUBLE, &Config::alpha},
+    {"t_alpha", LBOPT_ATTR_DOUBLE, &Config::t_alpha},
+    {"t_beta3", LBOPT_ATTR_DOUBLE, &Config::t_beta3},
+    {"eps", LBOPT_ATTR_DOUBLE, &Config::eps},
+    {"weight_decay", LBOPT_ATTR_DOUBLE, &Config::weight_decay},
+    {"momentum", LBOPT_ATTR_DOUBLE, &Config::momentum},
+    {"dampening", LBOPT_ATTR_DOUBLE, &Config::dampening},
+    {"adam", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_ADAM_COUPLED_DECAY},
+    {"amsgrad", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_AMSGRAD},
+    {"nesterov", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_NESTEROV},
+    {"maximize", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_MAXIMIZE},
+    {"bf16_stochastic_round", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
+    {"skip_nonfinite", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_SKIP_NONFINITE},
+    {"seed", LBOPT_ATTR_INT64},  // the only integer field
+};
+
+constexpr bool same(const char* a, const char* b) {
+  while (*a && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+constexpr const Field* field(const char* name) {
+  for (const Field& f : kFields)
+    if (same(f.name, name)) return &f;
+  return nullptr;  // lr, step: arguments of the call, not of the config
+}
+
+// What sets one optimizer's step operators apart (AdamW's are the fixed ones above). Everything else is derived
+// when the registry is built: op names from lbopt_optimizer_name and lbopt_state_kind_name, the state tensors
+// from the engine's state names (those lbopt_optimizer_states reports), attribute types from kFields and
+// defaults from default_config. Tensors: param, grad, (codes, scales) per state, [lr, step,] skipped; attributes:
+// [lr, step,] the optimizer's own, then kCommonAttrs.
+struct Family {
+  lbopt_optimizer optimizer;
+  const char* title;      // in the operators' doc
+  const char* stateless;  // the setting under which a step keeps no state (its tensors are then optional)
+  const char* attrs[8];   // the hyper-parameters this optimizer reads, in schema order
+};
+constexpr Family kFamilies[] = {
+    {LBOPT_OPTIMIZER_SGD, "SGD (momentum, Nesterov)", "momentum = 0",
+     {"momentum", "dampening", "weight_decay", "nesterov"}},
+    {LBOPT_OPTIMIZER_LION, "Lion", nullptr, {"beta1", "beta2", "weight_decay"}},
+    {LBOPT_OPTIMIZER_ADEMAMIX, "AdEMAMix", nullptr,
+     {"beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay"}},
+};
+constexpr const char* kCommonAttrs[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite", "seed"};
+
+constexpr bool all_fields_known() {
+  for (const char* name : kCommonAttrs)
+    if (!field(name)) return false;
+  for (const Family& f : kFamilies)
+    for (const char* name : f.attrs)
+      if (name && !field(name)) return false;
+  return true;
+}
+static_assert(all_fields_known(), "every attribute a family lists sets a config field of kFields");
+
+constexpr size_t kNumKinds = LBOPT_STATE_FP32 + 1;
+constexpr const char* kKindDocs[kNumKinds] = {"4-bit", "8-bit", "float8 e4m3", "fp32"};
+constexpr size_t kNumFamilies = sizeof kFamilies / sizeof kFamilies[0];
+constexpr size_t kOpsPerFamily = 2 * kNumKinds;  // by-value, then capturable, each for every kind
+constexpr size_t kOpCount = kNumFixedOps + kNumFamilies * kOpsPerFamily;
+
+constexpr size_t kMaxAttrs = 16;
+static_assert(sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) <= kMaxAttrs, "Attrs holds every attribute of an op");
+static_assert(2 + sizeof(Family::attrs) / sizeof(char*) + sizeof kCommonAttrs / sizeof(char*) <= kMaxAttrs,
+              "Attrs holds every attribute of a generated op");
+
+// One family's schemas: the text and arrays its operators point into.
+struct FamilySchemas {
+  char state_names[2 * LBOPT_MAX_STATES][32];  // <state>_codes, <state>_scales
+  char codes_shape[96];
+  lbopt_tensor_arg tensors[2][2 + 2 * LBOPT_MAX_STATES + 3];  // [capturable]
+  lbopt_attr_arg attrs[kMaxAttrs];  // lr and step, then those the capturable operators take too
+  size_t n_attrs;
+  char names[kOpsPerFamily][48], docs[kOpsPerFamily][112];
+};
+
+// What invoking a generated operator needs beyond its schema.
+struct StepOp {
+  lbopt_optimizer optimizer;
+  lbopt_state_kind kind;
+  bool capturable;
+  size_t n_states;
+};
+
+lbopt_attr_arg schema_of(const Field& f, const Config& defaults) {
+  lbopt_attr_arg a{f.name, f.type, 0, 0.0, 0, nullptr};
+  if (f.type == LBOPT_ATTR_DOUBLE) a.default_double = defaults.*f.value;
+  else if (f.type == LBOPT_ATTR_BOOL) a.default_int = (defaults.flags & f.flag) != 0;
+  else a.default_int = int64_t(defaults.seed);
+  return a;
+}
+
+void build(const Family& fam, FamilySchemas* s, lbopt_op_info* ops, StepOp* steps) {
+  const Config defaults = default_config(fam.optimizer);
+  // The engine's names, not lbopt_optimizer_states: that is a status-returning call, and building the registry
+  // inside lbopt_op_find must not clear the caller's lbopt_last_error().
+  const size_t n_states = with_optimizer(fam.optimizer, [s](auto opt) {
+    using Opt = decltype(opt);
+    for (int k = 0; k < Opt::kMaxStates; ++k) {
+      snprintf(s->state_names[2 * k], sizeof s->state_names[0], "%s_codes", Opt::kStateNames[k]);
+      snprintf(s->state_names[2 * k + 1], sizeof s->state_names[0], "%s_scales", Opt::kStateNames[k]);
+    }
+    return size_t(Opt::kMaxStates);
+  });
+  snprintf(s->codes_shape, sizeof s->codes_shape, "lbopt_state_layout(kind, numel(param)).codes_numel%s%s",
+           fam.stateless ? "; absent with " : "", fam.stateless ? fam.stateless : "");
+  size_t n_tensors = 0;
+  for (int cap = 0; cap < 2; ++cap) {
+    lbopt_tensor_arg* t = s->tensors[cap];
+    size_t n = 0;
+    t[n++] = kStepTensors[0];  // param
+    t[n++] = kStepTensors[1];  // grad
+    for (size_t k = 0; k < n_states; ++k) {
+      t[n++] = {s->state_names[2 * k], LBOPT_ROLE_INOUT, kCodes, fam.stateless != nullptr, s->codes_shape};
+      t[n++] = {s->state_names[2 * k + 1], LBOPT_ROLE_INOUT, LBOPT_DTYPE_FLOAT32, 1, kStepTensors[3].shape};
+    }
+    if (cap) {
+      t[n++] = kCapturableTensors[8];  // lr
+      t[n++] = kCapturableTensors[9];  // step
+    }
+    t[n++] = kStepTensors[8];  // skipped
+    if (!cap) n_tensors = n;
+  }
+  size_t n = 0;
+  s->attrs[n++] = kStepAttrs[0];  // lr
+  s->attrs[n++] = kStepAttrs[1];  // step
+  for (const char* name : fam.attrs)
+    if (name) s->attrs[n++] = schema_of(*field(name), defaults);
+  for (const char* name : kCommonAttrs) s->attrs[n++] = schema_of(*field(name), defaults);
+  s->n_attrs = n;
+  const char* optimizer = lbopt_optimizer_name(fam.optimizer);
+  for (size_t i = 0; i < kOpsPerFamily; ++i) {
+    const bool cap = i >= kNumKinds;
+    const lbopt_state_kind kind = lbopt_state_kind(i % kNumKinds);
+    snprintf(s->names[i], sizeof s->names[i], "lbopt.%s_step%s.%s", optimizer, cap ? "_capturable" : "",
+             lbopt_state_kind_name(kind));
+    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", fam.title, kKindDocs[kind],
+             cap ? ", lr and step read from scalar tensors" : "");
+    const size_t skip = cap ? 2 : 0;  // the capturable operators take lr and step as tensors, not attributes
+    ops[i] = {sizeof(lbopt_op_info), s->names[i], 1, s->docs[i], n_tensors + skip, s->tensors[cap],
+              s->n_attrs - skip, s->attrs + skip};
+    steps[i] = {fam.optimizer, kind, cap, n_states};
+  }
+}
+
+// Every operator, built on first use. Trivially destructible, so the schemas stay valid while static objects are
+// destroyed (a host may still walk them from its own destructors). The fixed ones are copied in, so that one
+// array holds all and an lbopt_op_info pointer gives its index.
+struct Registry {
+  lbopt_op_info ops[kOpCount];
+  StepOp steps[kOpCount - kNumFixedOps];
+  FamilySchemas families[kNumFamilies];
+  Registry() : ops{}, steps{}, families{} {
+    for (size_t i = 0; i < kNumFixedOps; ++i) ops[i] = kFixedOps[i];
+    for (size_t f = 0; f < kNumFamilies; ++f)
+      build(kFamilies[f], &families[f], ops + kNumFixedOps + f * kOpsPerFamily, steps + f * kOpsPerFamily);
+  }
+};
+static_assert(std::is_trivially_destructible<Registry>::value, "no destructor runs at exit");
+
+const Registry& registry() {
+  static const Registry r;  // thread-safe initialization
+  return r;
+}
+
 const char* type_name(int32_t t) {
   static const char* names[] = {"DOUBLE", "INT64", "BOOL", "STRING"};
   return t >= 0 && t < 4 ? names[t] : "unknown";
 }
-
-constexpr size_t kMaxAttrs = 16;
-static_assert(sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) <= kMaxAttrs, "Attrs holds every attribute of an op");
 
 // Attribute values of one invoke, in schema order, defaults filled in.
 struct Attrs {
@@ -165,9 +344,8 @@ lbopt_status resolve(const lbopt_op_info& op, const lbopt_attr* attrs, size_t n_
 }
 
 lbopt_status kind_of(const char* s, lbopt_state_kind* out) {
-  static const char* names[] = {"4bit", "8bit", "fp8", "fp32"};
-  for (int k = 0; k < 4; ++k)
-    if (strcmp(s, names[k]) == 0) {
+  for (size_t k = 0; k < kNumKinds; ++k)
+    if (strcmp(s, lbopt_state_kind_name(lbopt_state_kind(k))) == 0) {
       *out = lbopt_state_kind(k);
       return LBOPT_OK;
     }
@@ -188,46 +366,85 @@ const lbopt_attr& attr(const lbopt_op_info& op, const Attrs& a, const char* name
   return a[k];
 }
 
-// lr_t / step_t: the tensor-lr step's scalars (NULL for the by-value step, which reads the attributes).
-lbopt_status invoke_step(const lbopt_op_info& op, lbopt_state_kind kind, const DLTensor* const* t, const Attrs& a,
-                         const DLTensor* lr_t, const DLTensor* step_t, const DLTensor* skipped, void* stream) {
+// The config an invoke describes: the optimizer's defaults, then every attribute of the op (given or defaulted)
+// on the field of its name.
+lbopt_status config_of(lbopt_optimizer optimizer, lbopt_state_kind kind, const lbopt_op_info& op, const Attrs& a,
+                       Config* c) {
+  LBOPT_TRY(lbopt_optimizer_config_init(c, sizeof *c, optimizer));
+  c->state_kind = kind;
+  for (size_t k = 0; k < op.n_attrs; ++k) {
+    const Field* f = field(op.attrs[k].name);
+    if (!f) continue;
+    if (f->type == LBOPT_ATTR_DOUBLE) c->*(f->value) = a[k].f;
+    else if (f->type == LBOPT_ATTR_BOOL) c->flags = a[k].i ? c->flags | f->flag : c->flags & ~f->flag;
+    else c->seed = uint64_t(a[k].i);
+  }
+  return LBOPT_OK;
+}
+
+lbopt_status options_of(const DLTensor* skipped, void* stream, lbopt_step_options* o) {
+  LBOPT_TRY(lbopt_step_options_init(o, sizeof *o));
+  o->skipped = skipped;
+  o->stream = stream;
+  return LBOPT_OK;
+}
+
+// The AdamW operators call the AdamW entry points, whose messages name the states m, v and vmax as these
+// operators' tensors do. lr_t / step_t: the tensor-lr step's scalars (NULL for the by-value step).
+lbopt_status invoke_adamw(const lbopt_op_info& op, lbopt_state_kind kind, const DLTensor* const* t, const Attrs& a,
+                          const DLTensor* lr_t, const DLTensor* step_t, const DLTensor* skipped, void* stream) {
+  Config c;
+  LBOPT_TRY(config_of(LBOPT_OPTIMIZER_ADAMW, kind, op, a, &c));
   lbopt_adamw_config cfg;
   LBOPT_TRY(lbopt_adamw_config_init(&cfg, sizeof cfg));
-  cfg.state_kind = kind;
-  cfg.beta1 = attr(op, a, "beta1").f;
-  cfg.beta2 = attr(op, a, "beta2").f;
-  cfg.eps = attr(op, a, "eps").f;
-  cfg.weight_decay = attr(op, a, "weight_decay").f;
-  cfg.flags = 0;
-  for (const auto& [name, flag] : {std::pair<const char*, uint32_t>{"adam", LBOPT_FLAG_ADAM_COUPLED_DECAY},
-                                   {"amsgrad", LBOPT_FLAG_AMSGRAD}, {"maximize", LBOPT_FLAG_MAXIMIZE},
-                                   {"bf16_stochastic_round", LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
-                                   {"skip_nonfinite", LBOPT_FLAG_SKIP_NONFINITE}})
-    if (attr(op, a, name).i) cfg.flags |= flag;
-  cfg.seed = uint64_t(attr(op, a, "seed").i);
+  cfg.state_kind = c.state_kind;
+  cfg.beta1 = c.beta1;
+  cfg.beta2 = c.beta2;
+  cfg.eps = c.eps;
+  cfg.weight_decay = c.weight_decay;
+  cfg.flags = c.flags;
+  cfg.seed = c.seed;
   const int64_t step = lr_t ? 1 : attr(op, a, "step").i;  // the capturable step ignores the slot's
   const lbopt_adamw_slot slot{sizeof slot, t[0], t[1], {t[2], t[3]}, {t[4], t[5]}, {t[6], t[7]}, step};
   lbopt_step_options opts;
-  LBOPT_TRY(lbopt_step_options_init(&opts, sizeof opts));
-  opts.skipped = skipped;
-  opts.stream = stream;
+  LBOPT_TRY(options_of(skipped, stream, &opts));
   if (lr_t) return lbopt_adamw_step_capturable(&cfg, lr_t, step_t, &slot, 1, &opts);
   return lbopt_adamw_step(&cfg, attr(op, a, "lr").f, &slot, 1, &opts);
 }
 
-lbopt_status invoke(OpId id, const lbopt_op_info& op, const DLTensor* const* t, const Attrs& a, void* stream) {
+// A generated step operator: one slot of lbopt_step (or lbopt_step_capturable). States the config does not use
+// (SGD without momentum) arrive as NULL tensors, which is the {NULL, NULL} lbopt_step wants for them.
+lbopt_status invoke_step(const StepOp& s, const lbopt_op_info& op, const DLTensor* const* t, const Attrs& a,
+                         void* stream) {
+  Config cfg;
+  LBOPT_TRY(config_of(s.optimizer, s.kind, op, a, &cfg));
+  lbopt_slot slot{};
+  slot.struct_size = sizeof slot;
+  slot.param = t[0];
+  slot.grad = t[1];
+  for (size_t k = 0; k < s.n_states; ++k) slot.states[k] = {t[2 + 2 * k], t[3 + 2 * k]};
+  slot.step = s.capturable ? 1 : attr(op, a, "step").i;
+  lbopt_step_options opts;
+  LBOPT_TRY(options_of(t[op.n_tensors - 1], stream, &opts));
+  const DLTensor* const* scalars = t + 2 + 2 * s.n_states;  // lr, step of the capturable form
+  if (s.capturable) return lbopt_step_capturable(&cfg, scalars[0], scalars[1], &slot, 1, &opts);
+  return lbopt_step(&cfg, attr(op, a, "lr").f, &slot, 1, &opts);
+}
+
+lbopt_status invoke(size_t id, const lbopt_op_info& op, const DLTensor* const* t, const Attrs& a, void* stream) {
+  if (id >= kNumFixedOps) return invoke_step(registry().steps[id - kNumFixedOps], op, t, a, stream);
   lbopt_state_kind kind = LBOPT_STATE_4BIT;
   lbopt_moment moment = LBOPT_MOMENT_FIRST;
-  switch (id) {
+  switch (OpId(id)) {
     case kStep4:
     case kStep8:
     case kStepFp8:
-    case kStepFp32: return invoke_step(op, lbopt_state_kind(id - kStep4), t, a, nullptr, nullptr, t[8], stream);
+    case kStepFp32: return invoke_adamw(op, lbopt_state_kind(id - kStep4), t, a, nullptr, nullptr, t[8], stream);
     case kCapturable4:
     case kCapturable8:
     case kCapturableFp8:
     case kCapturableFp32:
-      return invoke_step(op, lbopt_state_kind(id - kCapturable4), t, a, t[8], t[9], t[10], stream);
+      return invoke_adamw(op, lbopt_state_kind(id - kCapturable4), t, a, t[8], t[9], t[10], stream);
     case kQuantize:
       LBOPT_TRY(kind_of(a[0].s, &kind));
       LBOPT_TRY(moment_of(a[1].s, &moment));
@@ -256,9 +473,9 @@ lbopt_status invoke(OpId id, const lbopt_op_info& op, const DLTensor* const* t, 
       o[3] = l.block_size;
       return LBOPT_OK;
     }
-    case kOpCount: break;
+    case kNumFixedOps: break;
   }
-  return fail(LBOPT_ERR_INTERNAL, "operator id %d has no implementation", int(id));
+  return fail(LBOPT_ERR_INTERNAL, "operator id %zu has no implementation", id);
 }
 
 }  // namespace
@@ -268,11 +485,11 @@ using namespace lbopt;
 
 extern "C" size_t lbopt_op_count(void) { return kOpCount; }
 
-extern "C" const lbopt_op_info* lbopt_op_schema(size_t i) { return i < size_t(kOpCount) ? &kOps[i] : nullptr; }
+extern "C" const lbopt_op_info* lbopt_op_schema(size_t i) { return i < kOpCount ? &registry().ops[i] : nullptr; }
 
 extern "C" const lbopt_op_info* lbopt_op_find(const char* name) {
   if (!name) return nullptr;
-  for (const lbopt_op_info& op : kOps)
+  for (const lbopt_op_info& op : registry().ops)
     if (strcmp(op.name, name) == 0) return &op;
   return nullptr;
 }
@@ -281,8 +498,11 @@ extern "C" lbopt_status lbopt_op_invoke(const lbopt_op_info* op, const DLTensor*
                                         const lbopt_attr* attrs, size_t n_attrs, void* stream) {
   clear_error();
   if (!op) return fail(LBOPT_ERR_NULL_POINTER, "op: NULL");
-  const ptrdiff_t id = op - kOps;
-  if (id < 0 || id >= kOpCount) return fail(LBOPT_ERR_INVALID_VALUE, "op: not an operator of this library");
+  // By address, not by pointer arithmetic, which is undefined for a pointer into some other object.
+  const uintptr_t base = uintptr_t(registry().ops), at = uintptr_t(op);
+  if (at < base || at - base >= sizeof registry().ops || (at - base) % sizeof *op != 0)
+    return fail(LBOPT_ERR_INVALID_VALUE, "op: not an operator of this library");
+  const size_t id = (at - base) / sizeof *op;
   if (n_tensors != op->n_tensors)
     return fail(LBOPT_ERR_INVALID_VALUE, "n_tensors = %zu, %s takes %zu", n_tensors, op->name, op->n_tensors);
   if (!tensors) return fail(LBOPT_ERR_NULL_POINTER, "tensors: NULL");
@@ -292,5 +512,5 @@ extern "C" lbopt_status lbopt_op_invoke(const lbopt_op_info* op, const DLTensor*
                   op->name);
   Attrs values;
   LBOPT_TRY(resolve(*op, attrs, n_attrs, &values));
-  return invoke(OpId(id), *op, tensors, values, stream);
+  return invoke(id, *op, tensors, values, stream);
 }

@@ -20,8 +20,8 @@ struct AdEMAMix {
     float beta2, one_minus_beta2;
     float beta3, one_minus_beta3;  // after its warm-up
     float alpha;                   // after its warm-up
-    float bc1;                     // 1 - beta1^step
-    float sqrt_bc2;                // sqrt(1 - beta2^step)
+    float inv_bc1;                 // 1 / (1 - beta1^step)
+    float inv_sqrt_bc2;            // 1 / sqrt(1 - beta2^step)
     float eps;
     float wd;
     float neg_lr;
@@ -49,8 +49,8 @@ struct AdEMAMix {
     s.beta3 = float(beta3);
     s.one_minus_beta3 = float(1.0 - beta3);
     s.alpha = float(alpha_at(h, step));
-    s.bc1 = float(bias_correction(h.beta1, step));
-    s.sqrt_bc2 = float(pow(bias_correction(h.beta2, step), 0.5));
+    s.inv_bc1 = float(1.0 / bias_correction(h.beta1, step));
+    s.inv_sqrt_bc2 = float(1.0 / sqrt(bias_correction(h.beta2, step)));
     s.eps = float(h.eps);
     s.wd = float(h.weight_decay);
     s.neg_lr = float(-lr);
@@ -69,8 +69,9 @@ LBOPT_HD void update(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, type
   m1 = O::fma(O::set(s.one_minus_beta1), g, O::mul(m1, O::set(s.beta1)));
   m2 = O::fma(O::set(s.one_minus_beta3), g, O::mul(m2, O::set(s.beta3)));
   nu = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(nu, O::set(s.beta2)));
-  const auto denom = O::add(O::div(O::sqrt(nu), O::set(s.sqrt_bc2)), O::set(s.eps));
-  auto u = O::div(O::fma(O::set(s.alpha), m2, O::div(m1, O::set(s.bc1))), denom);
+  // bias corrections as products (divisions cost a vector unit's throughput; no peer's rounding to keep here)
+  const auto denom = O::fma(O::sqrt(nu), O::set(s.inv_sqrt_bc2), O::set(s.eps));
+  auto u = O::div(O::fma(O::set(s.alpha), m2, O::mul(m1, O::set(s.inv_bc1))), denom);
   u = O::fma(O::set(s.wd), p, u);
   p = O::fma(O::set(s.neg_lr), u, p);
 }

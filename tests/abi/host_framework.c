@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   }
   for (i = 0; i < count(); ++i) {
     const op_info* op = schema(i);
-    printf("op %-24s v%d  tensors:", op->name, op->version);
+    printf("op %-38s v%d  tensors:", op->name, op->version);
     for (j = 0; j < op->n_tensors; ++j) printf(" %s%s", op->tensors[j].name, op->tensors[j].optional ? "?" : "");
     printf("  attrs:");
     for (j = 0; j < op->n_attrs; ++j) printf(" %s%s", op->attrs[j].name, op->attrs[j].required ? "!" : "");

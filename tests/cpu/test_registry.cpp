@@ -2,6 +2,7 @@
 // and a bad invoke fails with its specific status, names what is wrong and writes nothing.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -25,6 +26,43 @@ struct Model : StepTensors {
   }
 };
 
+// StepTensors' m, v and vmax serve as states 0, 1 and 2 of a generic slot.
+struct GenericModel : StepTensors {
+  GenericModel(lbopt_state_kind k, int64_t n) : StepTensors(k, n, 33) {}
+  State* state(size_t k) { return k == 0 ? &m : k == 1 ? &v : &vmax; }
+  lbopt_slot slot(int64_t step, size_t n_states) {
+    lbopt_slot s{};
+    s.struct_size = sizeof s;
+    s.param = &p.t;
+    s.grad = &g.t;
+    for (size_t k = 0; k < n_states; ++k) s.states[k] = state(k)->view();
+    s.step = step;
+    return s;
+  }
+  // A generated op's tensors: param, grad, n_of_schema (codes, scales) pairs of which the first n_states are
+  // given, [lr, step,] skipped.
+  std::vector<const DLTensor*> tensors(size_t n_of_schema, size_t n_states, const DLTensor* lr = nullptr,
+                                       const DLTensor* step = nullptr) {
+    std::vector<const DLTensor*> t = {&p.t, &g.t};
+    for (size_t k = 0; k < n_of_schema; ++k) {
+      State* s = k < n_states ? state(k) : nullptr;
+      t.push_back(s ? &s->codes->t : nullptr);
+      t.push_back(s && s->scales ? &s->scales->t : nullptr);
+    }
+    if (lr) t.insert(t.end(), {lr, step});
+    t.push_back(nullptr);
+    return t;
+  }
+};
+
+// The name of a generated step operator, from the library's own names.
+std::string step_op(lbopt_optimizer opt, int kind, bool capturable) {
+  return std::string("lbopt.") + lbopt_optimizer_name(opt) + (capturable ? "_step_capturable." : "_step.") +
+         lbopt_state_kind_name(lbopt_state_kind(kind));
+}
+
+const lbopt_optimizer kGenerated[] = {LBOPT_OPTIMIZER_SGD, LBOPT_OPTIMIZER_LION, LBOPT_OPTIMIZER_ADEMAMIX};
+
 const char* kind_op(int k) {
   static const char* names[] = {"lbopt.adamw_step.4bit", "lbopt.adamw_step.8bit", "lbopt.adamw_step.fp8",
                                 "lbopt.adamw_step.fp32"};
@@ -36,7 +74,17 @@ const char* kind_op(int k) {
 TEST_SUITE("operator registry") {
   TEST_CASE("schemas: unique names, found by name, well-formed arguments") {
     std::set<std::string> names;
-    REQUIRE(lbopt_op_count() == 12);
+    REQUIRE(lbopt_op_count() == 36);
+    // the operators of 0.1 and 0.2 keep their indices
+    static const char* fixed[] = {"lbopt.adamw_step.4bit", "lbopt.adamw_step.8bit", "lbopt.adamw_step.fp8",
+                                  "lbopt.adamw_step.fp32", "lbopt.quantize", "lbopt.dequantize", "lbopt.state_init",
+                                  "lbopt.state_layout", "lbopt.adamw_step_capturable.4bit",
+                                  "lbopt.adamw_step_capturable.8bit", "lbopt.adamw_step_capturable.fp8",
+                                  "lbopt.adamw_step_capturable.fp32"};
+    for (size_t i = 0; i < 12; ++i) CHECK(std::string(lbopt_op_schema(i)->name) == fixed[i]);
+    for (lbopt_optimizer opt : kGenerated)
+      for (int kind = 0; kind < 4; ++kind)
+        for (bool cap : {false, true}) CHECK_MESSAGE(lbopt_op_find(step_op(opt, kind, cap).c_str()), step_op(opt, kind, cap));
     for (size_t i = 0; i < lbopt_op_count(); ++i) {
       const lbopt_op_info* op = lbopt_op_schema(i);
       REQUIRE(op);
@@ -172,6 +220,8 @@ TEST_SUITE("operator registry") {
     CHECK(lbopt_op_invoke(nullptr, t.data(), 9, ok, 2, nullptr) == LBOPT_ERR_NULL_POINTER);
     const lbopt_op_info fake = *op;  // a copy is not one of the library's operators
     CHECK(lbopt_op_invoke(&fake, t.data(), 9, ok, 2, nullptr) == LBOPT_ERR_INVALID_VALUE);
+    const auto* inside = reinterpret_cast<const lbopt_op_info*>(reinterpret_cast<const char*>(op) + 8);
+    CHECK(lbopt_op_invoke(inside, t.data(), 9, ok, 2, nullptr) == LBOPT_ERR_INVALID_VALUE);  // not at an operator
     // an int64 [4] output whose byte_offset wraps the address space (found by the fuzzer)
     Buffer lay(DLDataType{kDLInt, 64, 1}, {4});
     lay.t.byte_offset = ~uint64_t(7);
@@ -184,5 +234,240 @@ TEST_SUITE("operator registry") {
     const DLTensor* it[] = {&m.m.codes->t, &m.m.scales->t};
     CHECK(lbopt_op_invoke(lbopt_op_find("lbopt.state_init"), it, 2, bad_kind, 2, nullptr) == LBOPT_ERR_INVALID_VALUE);
     CHECK(std::string(lbopt_last_error()).find("'3bit'") != std::string::npos);
+  }
+
+  TEST_CASE("generated step operators: states as lbopt_optimizer_states names them, lbopt_optimizer_config_init's "
+            "defaults") {
+    using C = lbopt_optimizer_config;
+    // An attribute after lr and step: the double field it sets, or the flag; neither: seed.
+    struct Expect {
+      const char* name;
+      double C::*field;
+      uint32_t flag;
+    };
+    const std::vector<Expect> common = {{"maximize", nullptr, LBOPT_FLAG_MAXIMIZE},
+                                        {"bf16_stochastic_round", nullptr, LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
+                                        {"skip_nonfinite", nullptr, LBOPT_FLAG_SKIP_NONFINITE},
+                                        {"seed", nullptr, 0}};
+    const std::map<lbopt_optimizer, std::vector<Expect>> own = {
+        {LBOPT_OPTIMIZER_SGD,
+         {{"momentum", &C::momentum, 0}, {"dampening", &C::dampening, 0}, {"weight_decay", &C::weight_decay, 0},
+          {"nesterov", nullptr, LBOPT_FLAG_NESTEROV}}},
+        {LBOPT_OPTIMIZER_LION, {{"beta1", &C::beta1, 0}, {"beta2", &C::beta2, 0}, {"weight_decay", &C::weight_decay, 0}}},
+        {LBOPT_OPTIMIZER_ADEMAMIX,
+         {{"beta1", &C::beta1, 0}, {"beta2", &C::beta2, 0}, {"beta3", &C::beta3, 0}, {"alpha", &C::alpha, 0},
+          {"t_alpha", &C::t_alpha, 0}, {"t_beta3", &C::t_beta3, 0}, {"eps", &C::eps, 0},
+          {"weight_decay", &C::weight_decay, 0}}},
+    };
+    const auto name = [](const char* s) { return std::string(s); };
+    for (lbopt_optimizer opt : kGenerated) {
+      C d;
+      REQUIRE(lbopt_optimizer_config_init(&d, sizeof d, opt) == LBOPT_OK);
+      lbopt_state_info states[LBOPT_MAX_STATES];
+      size_t n = 0;
+      REQUIRE(lbopt_optimizer_states(&d, states, &n) == LBOPT_OK);
+      REQUIRE(n >= 1);
+      std::vector<Expect> attrs = own.at(opt);
+      attrs.insert(attrs.end(), common.begin(), common.end());
+      for (int kind = 0; kind < 4; ++kind)
+        for (bool cap : {false, true}) {
+          const std::string op_name = step_op(opt, kind, cap);
+          CAPTURE(op_name);
+          const lbopt_op_info* op = lbopt_op_find(op_name.c_str());
+          REQUIRE(op);
+          CHECK(op->struct_size == sizeof(lbopt_op_info));
+          CHECK(op->version == 1);
+          CHECK(std::string(op->doc).find(cap ? "scalar tensors" : "step") != std::string::npos);
+          REQUIRE(op->n_tensors == 2 + 2 * n + (cap ? 2 : 0) + 1);
+          const lbopt_tensor_arg* t = op->tensors;
+          const uint32_t params = LBOPT_DTYPE_FLOAT32 | LBOPT_DTYPE_BFLOAT16 | LBOPT_DTYPE_FLOAT16;
+          CHECK((name(t[0].name) == "param" && t[0].role == LBOPT_ROLE_INOUT && !t[0].optional && t[0].dtypes == params));
+          CHECK((name(t[1].name) == "grad" && t[1].role == LBOPT_ROLE_IN && !t[1].optional && t[1].dtypes == params));
+          for (size_t k = 0; k < n; ++k) {
+            const lbopt_tensor_arg &codes = t[2 + 2 * k], &scales = t[3 + 2 * k];
+            CHECK(name(codes.name) == name(states[k].name) + "_codes");
+            CHECK(codes.role == LBOPT_ROLE_INOUT);
+            CHECK(codes.dtypes == (LBOPT_DTYPE_UINT8 | LBOPT_DTYPE_FLOAT32));
+            CHECK(codes.optional == (opt == LBOPT_OPTIMIZER_SGD));  // momentum = 0 keeps no state
+            CHECK(name(scales.name) == name(states[k].name) + "_scales");
+            CHECK((scales.role == LBOPT_ROLE_INOUT && scales.dtypes == LBOPT_DTYPE_FLOAT32 && scales.optional));
+          }
+          const lbopt_tensor_arg* rest = t + 2 + 2 * n;
+          if (cap) {
+            CHECK((name(rest[0].name) == "lr" && rest[0].role == LBOPT_ROLE_IN && !rest[0].optional &&
+                   rest[0].dtypes == (LBOPT_DTYPE_FLOAT32 | LBOPT_DTYPE_FLOAT64)));
+            CHECK((name(rest[1].name) == "step" && rest[1].role == LBOPT_ROLE_IN && !rest[1].optional &&
+                   rest[1].dtypes == (LBOPT_DTYPE_INT64 | LBOPT_DTYPE_FLOAT32)));
+            rest += 2;
+          }
+          CHECK((name(rest[0].name) == "skipped" && rest[0].role == LBOPT_ROLE_OUT && rest[0].optional &&
+                 rest[0].dtypes == LBOPT_DTYPE_UINT8));
+          const lbopt_attr_arg* a = op->attrs;
+          REQUIRE(op->n_attrs == attrs.size() + (cap ? 0 : 2));
+          if (!cap) {
+            CHECK((name(a[0].name) == "lr" && a[0].type == LBOPT_ATTR_DOUBLE && a[0].required));
+            CHECK((name(a[1].name) == "step" && a[1].type == LBOPT_ATTR_INT64 && a[1].required));
+            a += 2;
+          }
+          for (size_t k = 0; k < attrs.size(); ++k) {
+            const Expect& e = attrs[k];
+            CAPTURE(e.name);
+            CHECK(name(a[k].name) == e.name);
+            CHECK(!a[k].required);
+            if (e.field) {
+              CHECK(a[k].type == LBOPT_ATTR_DOUBLE);
+              CHECK(a[k].default_double == d.*e.field);
+            } else if (e.flag) {
+              CHECK(a[k].type == LBOPT_ATTR_BOOL);
+              CHECK(a[k].default_int == ((d.flags & e.flag) ? 1 : 0));
+            } else {
+              CHECK(a[k].type == LBOPT_ATTR_INT64);
+              CHECK(a[k].default_int == int64_t(d.seed));
+            }
+          }
+        }
+    }
+  }
+
+  TEST_CASE("generated step operators equal lbopt_step bit for bit, for every optimizer and kind") {
+    using C = lbopt_optimizer_config;
+    struct Case {
+      lbopt_optimizer opt;
+      std::vector<lbopt_attr> attrs;
+      void (*set)(C&);  // the same hyper-parameters on a config
+    };
+    const Case cases[] = {
+        {LBOPT_OPTIMIZER_SGD, {f("momentum", 0.8), f("dampening", 0.1), f("weight_decay", 0.01), b("maximize", true)},
+         [](C& c) {
+           c.momentum = 0.8;
+           c.dampening = 0.1;
+           c.weight_decay = 0.01;
+           c.flags |= LBOPT_FLAG_MAXIMIZE;
+         }},
+        {LBOPT_OPTIMIZER_SGD, {b("nesterov", true), f("weight_decay", 0.1)},
+         [](C& c) {
+           c.flags |= LBOPT_FLAG_NESTEROV;
+           c.weight_decay = 0.1;
+         }},
+        {LBOPT_OPTIMIZER_SGD, {f("momentum", 0.0)}, [](C& c) { c.momentum = 0.0; }},  // no state: NULL tensors
+        {LBOPT_OPTIMIZER_LION, {f("beta1", 0.95), f("beta2", 0.98), f("weight_decay", 0.1)},
+         [](C& c) {
+           c.beta1 = 0.95;
+           c.beta2 = 0.98;
+           c.weight_decay = 0.1;
+         }},
+        {LBOPT_OPTIMIZER_ADEMAMIX,
+         {f("beta1", 0.8), f("beta3", 0.999), f("alpha", 4.0), f("t_alpha", 2.0), f("t_beta3", 2.0), f("eps", 1e-6),
+          f("weight_decay", 0.0)},
+         [](C& c) {
+           c.beta1 = 0.8;
+           c.beta3 = 0.999;
+           c.alpha = 4.0;
+           c.t_alpha = 2.0;
+           c.t_beta3 = 2.0;
+           c.eps = 1e-6;
+           c.weight_decay = 0.0;
+         }},
+    };
+    for (const Case& cs : cases)
+      for (int kind = 0; kind < 4; ++kind) {
+        const std::string op_name = step_op(cs.opt, kind, false);
+        CAPTURE(op_name);
+        CAPTURE(cs.attrs[0].name);
+        C cfg;
+        REQUIRE(lbopt_optimizer_config_init(&cfg, sizeof cfg, cs.opt) == LBOPT_OK);
+        cfg.state_kind = lbopt_state_kind(kind);
+        cfg.flags = LBOPT_FLAG_BF16_STOCHASTIC_ROUND;
+        cfg.seed = 5;
+        cs.set(cfg);
+        lbopt_state_info states[LBOPT_MAX_STATES];
+        size_t n = 0;
+        REQUIRE(lbopt_optimizer_states(&cfg, states, &n) == LBOPT_OK);
+        const lbopt_op_info* op = lbopt_op_find(op_name.c_str());
+        const lbopt_op_info* cap = lbopt_op_find(step_op(cs.opt, kind, true).c_str());
+        REQUIRE(op);
+        REQUIRE(cap);
+        const size_t n_schema = (op->n_tensors - 3) / 2;  // param, grad, skipped and the states' pairs
+        GenericModel typed(lbopt_state_kind(kind), 1001), by_value(lbopt_state_kind(kind), 1001),
+            tensor_lr(lbopt_state_kind(kind), 1001);
+        const uint64_t start = typed.digest();
+        Buffer lr(DLDataType{kDLFloat, 64, 1}, {1}), step(DLDataType{kDLInt, 64, 1}, {1});
+        for (int64_t s = 1; s <= 3; ++s) {
+          const double lr_s = 1e-2 * double(s);
+          const lbopt_slot slot = typed.slot(s, n);
+          REQUIRE_MESSAGE(lbopt_step(&cfg, lr_s, &slot, 1, nullptr) == LBOPT_OK, lbopt_last_error());
+          std::vector<lbopt_attr> attrs = cs.attrs;
+          attrs.insert(attrs.end(), {b("bf16_stochastic_round", true), i64("seed", 5)});
+          const std::vector<lbopt_attr> cap_attrs = attrs;
+          attrs.insert(attrs.begin(), {f("lr", lr_s), i64("step", s)});
+          auto t = by_value.tensors(n_schema, n);
+          REQUIRE_MESSAGE(lbopt_op_invoke(op, t.data(), t.size(), attrs.data(), attrs.size(), nullptr) == LBOPT_OK,
+                          lbopt_last_error());
+          lr.as<double>()[0] = lr_s;
+          step.as<int64_t>()[0] = s;
+          t = tensor_lr.tensors(n_schema, n, &lr.t, &step.t);
+          REQUIRE_MESSAGE(
+              lbopt_op_invoke(cap, t.data(), t.size(), cap_attrs.data(), cap_attrs.size(), nullptr) == LBOPT_OK,
+              lbopt_last_error());
+          CHECK(by_value.digest() == typed.digest());
+          CHECK(tensor_lr.digest() == typed.digest());
+        }
+        CHECK(typed.digest() != start);  // the steps did something
+      }
+  }
+
+  TEST_CASE("bad invokes of the generated step operators: refused, nothing written") {
+    GenericModel m(LBOPT_STATE_8BIT, 300);
+    Buffer lr(DLDataType{kDLFloat, 64, 1}, {1}), step(DLDataType{kDLInt, 64, 1}, {1});
+    struct Case {
+      const char* op;
+      size_t n_states;  // given of the schema's
+      std::vector<lbopt_attr> attrs;
+      lbopt_status status;
+      const char* needle;
+      double lr = 1e-3;  // the capturable operators' lr tensor
+    };
+    const lbopt_attr lr1 = f("lr", 1e-3), step1 = i64("step", 1);
+    const Case cases[] = {
+        {"lbopt.sgd_step.8bit", 1, {lr1, step1, f("nesterov", 1.0)}, LBOPT_ERR_DTYPE,
+         "'nesterov': type DOUBLE, lbopt.sgd_step.8bit takes BOOL"},
+        {"lbopt.lion_step.8bit", 1, {lr1, step1, i64("beta1", 1)}, LBOPT_ERR_DTYPE, "'beta1': type INT64"},
+        {"lbopt.sgd_step.8bit", 1, {lr1, step1, f("beta1", 0.9)}, LBOPT_ERR_INVALID_VALUE,
+         "unknown attribute 'beta1' for lbopt.sgd_step.8bit"},
+        {"lbopt.lion_step.8bit", 1, {lr1, step1, b("amsgrad", true)}, LBOPT_ERR_INVALID_VALUE,
+         "unknown attribute 'amsgrad'"},
+        {"lbopt.ademamix_step.8bit", 3, {lr1}, LBOPT_ERR_INVALID_VALUE, "'step' of lbopt.ademamix_step.8bit is required"},
+        {"lbopt.ademamix_step.8bit", 3, {step1}, LBOPT_ERR_INVALID_VALUE, "'lr' of lbopt.ademamix_step.8bit is required"},
+        {"lbopt.lion_step_capturable.8bit", 1, {lr1}, LBOPT_ERR_INVALID_VALUE, "unknown attribute 'lr'"},
+        {"lbopt.lion_step.8bit", 1, {lr1, step1, lbopt_attr{"maximize", LBOPT_ATTR_BOOL, 0, 2, nullptr}},
+         LBOPT_ERR_INVALID_VALUE, "bool 2"},
+        // what lbopt_step refuses, it refuses through the operator
+        {"lbopt.sgd_step.8bit", 1, {lr1, step1, b("nesterov", true), f("dampening", 0.5)}, LBOPT_ERR_INVALID_VALUE,
+         "LBOPT_FLAG_NESTEROV needs"},
+        {"lbopt.sgd_step.8bit", 1, {lr1, step1, f("momentum", 0.0)}, LBOPT_ERR_INVALID_VALUE, "given, but a sgd step"},
+        {"lbopt.sgd_step.8bit", 0, {lr1, step1}, LBOPT_ERR_NULL_POINTER,
+         "slots[0].states[0].codes: tensor pointer is NULL"},
+        {"lbopt.ademamix_step.8bit", 2, {lr1, step1}, LBOPT_ERR_NULL_POINTER, "tensors[6] (nu_codes): NULL"},
+        {"lbopt.ademamix_step.8bit", 3, {lr1, step1, f("beta3", 1.0)}, LBOPT_ERR_INVALID_VALUE, "config.beta3 = 1"},
+        {"lbopt.lion_step.8bit", 1, {f("lr", -1.0), step1}, LBOPT_ERR_INVALID_VALUE, "lr = -1"},
+        {"lbopt.lion_step_capturable.8bit", 1, {}, LBOPT_ERR_INVALID_VALUE, "lr = -1", -1.0},  // read on the host
+    };
+    for (const Case& c : cases) {
+      const std::string op_name = c.op, needle = c.needle;
+      CAPTURE(op_name);
+      CAPTURE(needle);
+      const lbopt_op_info* op = lbopt_op_find(c.op);
+      REQUIRE(op);
+      const bool cap = strstr(c.op, "capturable") != nullptr;
+      lr.as<double>()[0] = c.lr;
+      step.as<int64_t>()[0] = 1;
+      const size_t n_schema = (op->n_tensors - (cap ? 5 : 3)) / 2;
+      const auto t = m.tensors(n_schema, c.n_states, cap ? &lr.t : nullptr, cap ? &step.t : nullptr);
+      const uint64_t before = m.digest();
+      CHECK(lbopt_op_invoke(op, t.data(), t.size(), c.attrs.data(), c.attrs.size(), nullptr) == c.status);
+      CHECK_MESSAGE(std::string(lbopt_last_error()).find(c.needle) != std::string::npos,
+                    std::string(lbopt_last_error()));
+      CHECK(m.digest() == before);
+    }
   }
 }
