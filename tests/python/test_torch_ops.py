@@ -34,7 +34,7 @@ def step_args(kind, capturable, seed=0, amsgrad=False):
 
 def test_every_registry_operator_is_a_torch_op_with_its_schema():
     names = {T.torch_name(_abi.lib.lbopt_op_schema(i).contents.name.decode()) for i in range(_abi.lib.lbopt_op_count())}
-    assert names == set(T.OPS) and len(names) == 12
+    assert names == set(T.OPS) and len(names) == _abi.lib.lbopt_op_count() == 36
     s = str(torch.ops.lbopt.adamw_step_capturable_4bit.default._schema)
     assert s.startswith("lbopt::adamw_step_capturable_4bit(Tensor(a!) param, Tensor grad, Tensor(b!) m_codes, "
                         "Tensor(c!)? m_scales,")
@@ -51,6 +51,29 @@ def test_opcheck_steps(kind, capturable):
     if not capturable:
         kwargs.update(lr=1e-2, step=1)
     torch.library.opcheck(op, tuple(step_args(kind, capturable, amsgrad=True)), kwargs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("optimizer,n_states,kwargs", [("sgd", 1, {"momentum": 0.9, "nesterov": True}),
+                                                       ("lion", 1, {"weight_decay": 0.1}),
+                                                       ("ademamix", 3, {"t_alpha": 10.0, "t_beta3": 10.0})])
+def test_opcheck_steps_of_every_optimizer(kind, optimizer, n_states, kwargs):
+    """The generated ops of SGD, Lion and AdEMAMix pass opcheck and step as lbopt.functional.step does."""
+    g = torch.Generator().manual_seed(11)
+    p, grad = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    st = states(kind, amsgrad=True)[:2 * n_states]
+    lr, step = torch.tensor(1e-2, dtype=torch.float64), torch.tensor(2, dtype=torch.int64)
+    op = T.OPS[f"{optimizer}_step_capturable_{kind}"]
+    torch.library.opcheck(op, (p.clone(), grad, *[t.clone() if t is not None else None for t in st], lr, step,
+                               torch.zeros(1, dtype=torch.uint8)), kwargs)
+    op(p, grad, *st, lr, step, torch.zeros(1, dtype=torch.uint8), **kwargs)
+    q = p.detach().clone()  # p now holds the op's result; redo it through the functional step
+    ref_p = torch.randn(N, generator=torch.Generator().manual_seed(11))
+    fresh = states(kind, amsgrad=True)[:2 * n_states]
+    ref_st = [{"codes": c, "scales": s} for c, s in zip(fresh[0::2], fresh[1::2])]
+    names = [name for name, _ in F.state_names(optimizer, **kwargs)]
+    F.step(optimizer, [ref_p], [grad], [dict(zip(names, ref_st))], 1e-2, [2], kind=kind, **kwargs)
+    assert torch.equal(q, ref_p)
 
 
 @pytest.mark.parametrize("kind", KINDS)
