@@ -66,7 +66,7 @@ def _local(t, p, name):
     fully_shard, tensor parallel). Shard and Replicate placements are served: each rank steps its shard (a
     replicated param steps identically everywhere). A Partial placement holds unreduced values, which no
     elementwise step can serve."""
-    if not _sharded.is_dtensor(t):
+    if type(t) in _PLAIN or not _sharded.is_dtensor(t):  # the first test is the common case, and cheap
         return t
     for placement in t.placements:
         if not (placement.is_shard() or placement.is_replicate()):
@@ -74,6 +74,9 @@ def _local(t, p, name):
             raise ValueError(f"lbopt: {what} is a DTensor with a {type(placement).__name__} placement "
                              f"({placement}); lbopt steps Shard and Replicate placements (reduce it first)")
     return t._local_tensor
+
+
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
 
 
 def _what(p, name):
@@ -386,18 +389,20 @@ class _LowBit(torch.optim.Optimizer):
         found_inf = getattr(self, "found_inf", None)
         read_skipped = self.skip_nonfinite or found_inf is not None
         calls = []
+        state_of = self.state.get
         for group in self.param_groups:
             lr = _lr(group)
             names = self._states(group)
             by_call = {}  # (device, kind) -> [(state, slot, grad, (param, name))]
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
-                if p.grad is None:
+                grad = p.grad
+                if grad is None:
                     continue
                 t = _local(p, p, name)
-                g = p.grad if t is p else _local(p.grad, p, name)  # a plain param has a plain grad
-                if g is not p.grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
+                g = grad if t is p else _local(grad, p, name)  # a plain param has a plain grad
+                if g is not grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
                     g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
-                old = self.state.get(p)
+                old = state_of(p)
                 ps, state = self._slot(p, t, old or self._init_state(p, group, name), names)
                 if state is not old:
                     pending[p] = state
