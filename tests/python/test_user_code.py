@@ -515,3 +515,19 @@ def test_numpy_fortran_order_arrays_step_in_memory_order():
     assert np.array_equal(st["m"]["codes"], ref["m"]["codes"])
     with pytest.raises(lbopt.LbOptValueError, match=r"slots\[0\]\.grad: strides\[0\] = 40, its param's is 1"):
         F.adamw_step([p], [np.ascontiguousarray(g)], [st], 1e-2, [2])
+
+
+def test_steps_where_some_params_have_no_grad_match_torch():
+    """The per-group call kept between steps (lbopt.torch's _Call) is rebuilt when the set of params stepped
+    changes: params without a grad in some steps, in changing patterns, step exactly as torch.optim.AdamW."""
+    torch.manual_seed(21)
+    ps = [torch.nn.Parameter(torch.randn(64)) for _ in range(4)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    mine, theirs = LT.AdamW(ps, lr=1e-2), torch.optim.AdamW(qs, lr=1e-2, foreach=False)
+    for t in range(9):
+        for i, (p, q) in enumerate(zip(ps, qs)):
+            g = None if (t + i) % 3 == 0 else torch.randn(64)
+            p.grad, q.grad = g, (None if g is None else g.clone())
+        mine.step()
+        theirs.step()
+        assert all(torch.equal(p, q) for p, q in zip(ps, qs)), t

@@ -188,27 +188,36 @@ class _ParamSlot:
 
 
 class _Call:
-    """One lbopt_step of a step(): the slots of one param group, device and state kind."""
+    """One lbopt_step of a step(): the slots of one param group, device and state kind. Kept from step to step
+    while the group steps the same slots in the same order: its slot array is built once, and each param's slot
+    is then the array's element itself, so a step only writes the grad pointers and step counts into it."""
 
-    def __init__(self, cfg, lr, device, entries, grad_scale, found_inf, read_skipped):
-        self.cfg, self.lr, self.entries = cfg, lr, entries  # entries: (state, _ParamSlot, grad, (param, name))
+    def __init__(self, device, entries):
+        self.device = device
+        self.signature = _signature(entries)
         n = self.n = len(entries)
         self.slots = (_abi.Slot * n)()
         for i, (_, ps, *_) in enumerate(entries):
             self.slots[i] = ps.slot
-        self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)
+            ps.slot = self.slots[i]  # shares the array's memory
+        self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)  # every entry is written by each call
+        self.skipped_view = _view(self.skipped)
+
+    def prepare(self, cfg, lr, entries, grad_scale, found_inf, read_skipped):
+        """This step's config, lr, entries (state, _ParamSlot, grad, (param, name)) and AMP scalars."""
+        self.cfg, self.lr, self.entries, self.read_skipped = cfg, lr, entries, read_skipped
         self.opts = _abi.StepOptions()
         self.opts.struct_size = ctypes.sizeof(self.opts)
-        self.keep = [_view(self.skipped)]
-        self.opts.skipped = self.keep[0].ptr
+        self.opts.skipped = self.skipped_view.ptr
+        self.keep = []
         for field, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
             if t is not None:
-                v = _view(t.to(device=device, dtype=torch.float32))
+                v = _view(t.to(device=self.device, dtype=torch.float32))
                 self.keep.append(v)
                 setattr(self.opts, field, v.ptr)
-        if device.type == "cuda":
-            self.opts.stream = torch.cuda.current_stream(device).cuda_stream
-        self.read_skipped = read_skipped
+        if self.device.type == "cuda":
+            self.opts.stream = torch.cuda.current_stream(self.device).cuda_stream
+        return self
 
     def _check(self, entry_point):
         """Call lbopt_step or lbopt_step_validate; a refused slot's message names its param."""
@@ -231,6 +240,10 @@ class _Call:
         for (state, *_), s in zip(self.entries, flags):
             if not s:
                 state["step"] += 1
+
+
+def _signature(entries):
+    return tuple(id(e[1]) for e in entries)
 
 
 class _LowBit(torch.optim.Optimizer):
@@ -259,6 +272,7 @@ class _LowBit(torch.optim.Optimizer):
         self._keep_ids = {id(k) for k in keep if torch.is_tensor(k)}
         self._keep_names = {k for k in keep if isinstance(k, str)}
         self._slots = {}  # id(param) -> _ParamSlot (the slot's views hold the param)
+        self._calls = {}  # (id(group), (device, kind)) -> _Call
         for group in self.param_groups:
             self._validate_group(group)
 
@@ -291,6 +305,7 @@ class _LowBit(torch.optim.Optimizer):
         params = [p for p, _, _ in self._params()]
         self._keep_ids = {id(params[i]) for i in positions}
         self._slots = {}
+        self._calls = {}
 
     # ---- configuration ---------------------------------------------------------------------------------------
 
@@ -409,9 +424,12 @@ class _LowBit(torch.optim.Optimizer):
                 grad = ps.set_grad(g, t)
                 ps.slot.step = state["step"] + 1
                 by_call.setdefault(ps.call_key, []).append((state, ps, grad, (p, name)))
-            for (device, kind), entries in by_call.items():
-                calls.append(_Call(self._config(group, kind), lr, device, entries, grad_scale, found_inf,
-                                   read_skipped))
+            for key, entries in by_call.items():
+                call = self._calls.get((id(group), key))
+                if call is None or call.signature != _signature(entries):
+                    call = self._calls[(id(group), key)] = _Call(key[0], entries)
+                calls.append(call.prepare(self._config(group, key[1]), lr, entries, grad_scale, found_inf,
+                                          read_skipped))
         return calls
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
@@ -449,6 +467,7 @@ class _LowBit(torch.optim.Optimizer):
         for p, st in loaded.items():
             self.state[p] = st
         self._slots = {}
+        self._calls = {}
 
     def state_dict(self):
         """torch.optim.Optimizer's state_dict; the states of DTensor params in their sharded checkpoint form
