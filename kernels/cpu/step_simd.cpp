@@ -507,8 +507,21 @@ HWY_EXPORT(TargetName);
 
 namespace {
 // LBOPT_CPU_KERNELS=portable turns the SIMD kernels off (read on every call: tests compare both in one process).
+// LBOPT_CPU_KERNELS=<a Highway target name this CPU supports> ("AVX2", "AVX3", ...) restricts the dispatch to it,
+// read once: a benchmark of a framework process then runs the kernels of a smaller machine. It sets libhwy's
+// process-wide target mask, as Highway's own tests do.
 bool simd_enabled() {
   const char* env = getenv("LBOPT_CPU_KERNELS");
+  static const bool restricted = [env] {
+    if (!env) return false;
+    for (int64_t t = 1; t != 0 && t <= HWY_SCALAR; t <<= 1)
+      if ((t & hwy::SupportedTargets()) && strcmp(hwy::TargetName(t), env) == 0) {
+        hwy::SetSupportedTargetsForTest(t);
+        return true;
+      }
+    return false;
+  }();
+  (void)restricted;
   return !(env && strcmp(env, "portable") == 0);
 }
 }  // namespace
