@@ -65,8 +65,9 @@ lbopt_status run_capturable(const lbopt_optimizer_config* config, const DLTensor
 struct AdamwCall {
   lbopt_optimizer_config config{};
   lbopt_status status;
-  AdamwCall(const lbopt_adamw_config* c, const lbopt_adamw_slot* s, size_t n)
-      : status(adamw_as_generic(c, s, n, &config, &buffer())) {}
+  // lr: the by-value lr, NULL for the capturable step (whose lr is a tensor)
+  AdamwCall(const lbopt_adamw_config* c, const double* lr, const lbopt_adamw_slot* s, size_t n)
+      : status(adamw_as_generic(c, lr, s, n, &config, &buffer())) {}
   const lbopt_slot* slots() const { return buffer().empty() ? nullptr : buffer().data(); }
   static std::vector<lbopt_slot>& buffer() {
     thread_local std::vector<lbopt_slot> b;
@@ -208,7 +209,7 @@ lbopt_status lbopt_step_capturable(const lbopt_optimizer_config* config, const D
 lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                               size_t n_slots, const lbopt_step_options* options) {
   return guarded([&] {
-    const AdamwCall call(config, slots, n_slots);
+    const AdamwCall call(config, &lr, slots, n_slots);
     LBOPT_TRY(call.status);
     return run_step(&call.config, lr, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields);
   });
@@ -216,16 +217,14 @@ lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const
 
 lbopt_status lbopt_adamw_config_validate(const lbopt_adamw_config* config, double lr) {
   return guarded([&] {
-    const AdamwCall call(config, nullptr, 0);
-    LBOPT_TRY(call.status);
-    return validate_config(&call.config, lr);
+    return AdamwCall(config, &lr, nullptr, 0).status;
   });
 }
 
 lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* config, double lr, const lbopt_adamw_slot* slots,
                                        size_t n_slots, const lbopt_step_options* options) {
   return guarded([&] {
-    const AdamwCall call(config, slots, n_slots);
+    const AdamwCall call(config, &lr, slots, n_slots);
     LBOPT_TRY(call.status);
     thread_local StepPlan plan;
     return validate_step(&call.config, lr, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields,
@@ -237,7 +236,7 @@ lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const
                                          const lbopt_adamw_slot* slots, size_t n_slots,
                                          const lbopt_step_options* options) {
   return guarded([&] {
-    const AdamwCall call(config, slots, n_slots);
+    const AdamwCall call(config, nullptr, slots, n_slots);
     LBOPT_TRY(call.status);
     return run_capturable(&call.config, lr, step, call.slots(), n_slots, options, kAdamwStateFields);
   });

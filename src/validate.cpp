@@ -49,6 +49,7 @@ class Text {
 struct Range {
   uintptr_t begin, end;
   bool written;
+  uint32_t order;  // argument order: ties sort by it, so a message names the same two buffers whatever the call
   ArgName name;
 };
 
@@ -198,7 +199,8 @@ class CallChecker {
       return fail(LBOPT_ERR_ALIGNMENT, "%s: data + byte_offset (%llu) is not aligned to its %lld-byte elements",
                   Text(arg).c_str(), (unsigned long long)t->byte_offset, (long long)elem);
     if (numel > 0) {
-      ranges().push_back(Range{addr, addr + uintptr_t(numel * elem), access == Access::kWrite, arg});
+      ranges().push_back(Range{addr, addr + uintptr_t(numel * elem), access == Access::kWrite,
+                               uint32_t(ranges().size()), arg});
     }
     out->data = reinterpret_cast<uint8_t*>(addr);
     out->numel = numel;
@@ -210,7 +212,8 @@ class CallChecker {
   // range starts before the furthest end seen so far, with either side written.
   lbopt_status check_overlaps() {
     std::vector<Range>& rs = ranges();
-    std::sort(rs.begin(), rs.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    std::sort(rs.begin(), rs.end(),
+              [](const Range& a, const Range& b) { return a.begin != b.begin ? a.begin < b.begin : a.order < b.order; });
     const Range* far_any = nullptr;
     const Range* far_written = nullptr;
     for (const Range& r : rs) {
@@ -426,8 +429,8 @@ Hyper hyper_of(const lbopt_optimizer_config& c) {
   return h;
 }
 
-lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const lbopt_adamw_slot* slots, size_t n_slots,
-                              lbopt_optimizer_config* out_config, std::vector<lbopt_slot>* out_slots) {
+lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const double* lr, const lbopt_adamw_slot* slots,
+                              size_t n_slots, lbopt_optimizer_config* out_config, std::vector<lbopt_slot>* out_slots) {
   if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
   if (config->struct_size != sizeof(lbopt_adamw_config))
     return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use lbopt_adamw_config_init)",
@@ -445,6 +448,7 @@ lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const lbopt_adam
   c.seed = config->seed;
   *out_config = c;
   out_slots->clear();
+  LBOPT_TRY(lr ? validate_config(&c, *lr) : check_config(&c));  // the config before the slots, as in 0.2
   if (!slots) return LBOPT_OK;  // the generic validation names a NULL slots pointer
   out_slots->reserve(n_slots);
   for (size_t i = 0; i < n_slots; ++i) {

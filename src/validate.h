@@ -55,10 +55,10 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, cons
 extern const char* const kSlotStateFields[kMaxStates];   // "states[0]", ...
 extern const char* const kAdamwStateFields[kMaxStates];  // "m", "v", "vmax"
 
-// An AdamW-entry-point call as the generic one: config and slots checked for their own struct sizes and flags,
-// then translated (the generic validation checks the rest).
-lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const lbopt_adamw_slot* slots, size_t n_slots,
-                              lbopt_optimizer_config* out_config, std::vector<lbopt_slot>* out_slots);
+// An AdamW-entry-point call as the generic one: the config checked (with a by-value lr where lr is given), then
+// the slots checked for their own struct size and translated (the generic validation checks the rest).
+lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const double* lr, const lbopt_adamw_slot* slots,
+                              size_t n_slots, lbopt_optimizer_config* out_config, std::vector<lbopt_slot>* out_slots);
 
 // to_state: quantize (values read, state written); otherwise dequantize.
 lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* values, lbopt_state state,

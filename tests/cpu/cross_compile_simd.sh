@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # No Arm machine is at hand, so the Arm SIMD kernels are at least compiled: kernels/cpu/step_simd.cpp for an
-# aarch64 -march with warnings as errors, then the object must hold the step kernels of the four state kinds
-# for each Highway target named. Exit 77 (skip) without clang or the Debian aarch64 cross headers.
+# aarch64 -march with warnings as errors, then the object must hold the step kernels of every optimizer and state
+# kind for each Highway target named. Exit 77 (skip) without clang or the Debian aarch64 cross headers.
 # usage: cross_compile_simd.sh SOURCE_ROOT MARCH TARGET...      e.g. ... armv8.2-a+sve SVE SVE_256
 set -euo pipefail
 root=$1 march=$2
@@ -16,8 +16,9 @@ clang++ --target=aarch64-linux-gnu -march="$march" -std=c++17 -O2 -Wall -Wextra 
   -I"$root" -I"$root/abi" -isystem "$work/inc" -isystem "$cxxdir" -isystem "$cxxdir/aarch64-linux-gnu" \
   -isystem "$sysroot" -c "$root/kernels/cpu/step_simd.cpp" -o "$work/simd.o"
 for target in "$@"; do
-  # the step kernel of each kind (step_blocks<0..3>), kilobytes of code each; targets without FMA have none
-  n=$(nm -C "$work/simd.o" | grep -c "N_${target}::step_blocks<[0-3]>(" || true)
+  # the step kernel of each optimizer and kind (step_blocks<Opt, 0..3>), kilobytes of code each; targets without
+  # FMA have none
+  n=$(nm -C "$work/simd.o" | grep -c "N_${target}::step_blocks<lbopt::[A-Za-z]*, [0-3]>(" || true)
   echo "$march: $n step kernels for $target"
-  [ "$n" -eq 4 ] || { echo "missing SIMD step kernels for $target"; exit 1; }
+  [ "$n" -eq 16 ] || { echo "missing SIMD step kernels for $target (4 optimizers x 4 kinds)"; exit 1; }
 done

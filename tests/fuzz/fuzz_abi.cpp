@@ -19,14 +19,19 @@
 //
 // Input format (a byte reader; bytes past the end read as 0, and 0 always picks the valid default, so the one-byte
 // input "\x00" is a valid 4-bit step and every seed can be short):
-//   u8 entry (% 7): 0 adamw_step, 1 adamw_step_capturable, 2 quantize, 3 dequantize, 4 state_init,
-//                   5 state_layout, 6 op_invoke
+//   u8 entry (% 9): 0 adamw_step, 1 adamw_step_capturable, 2 quantize, 3 dequantize, 4 state_init,
+//                   5 state_layout, 6 op_invoke, 7 step (the generic step of any optimizer), 8 step_capturable
 //   u32 content seed, u8 misc (bit0: pass a non-NULL dummy stream, which CPU calls must ignore; bit1: tensors on
 //   cuda:0 by default, bit2: on kDLCUDAHost by default)
 //   then the entry's fields in the order the decode_* functions below read them; each tensor is
 //   u8 mut, u8 aux, then the fields mut selects (see Ctx::tensor).
 // Every lbopt_adamw_step is preceded by lbopt_adamw_step_validate on the same arguments, whose status and message
-// must be the step's, and by lbopt_adamw_config_validate, whose refusal must be the step's.
+// must be the step's, and by lbopt_adamw_config_validate, whose refusal must be the step's. The same holds for
+// lbopt_step with lbopt_step_validate and lbopt_optimizer_config_validate (for lbopt_step_capturable: the config's
+// refusal at lr = 0); lbopt_optimizer_states must give lbopt_optimizer_config_validate's verdict at lr = 0 and,
+// when it accepts, this harness's own count and codebooks of the optimizer's states; and
+// lbopt_optimizer_config_validate must accept exactly the configs this harness's model of the documented ranges
+// (abi/lbopt.h) accepts.
 // LBOPT_FUZZ_VERBOSE=1 prints one line per input (entry, status, message): run the binary on a file to see what
 // a reproducer or a seed does.
 #include <float.h>
@@ -832,6 +837,199 @@ void run_step(Ctx& c, bool capturable) {
   c.check(st);
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// The generic step: lbopt_step / lbopt_step_validate / lbopt_step_capturable with any lbopt_optimizer
+
+// This harness's own model of the optimizers (abi/lbopt.h): how many states a config uses, which are second
+// moments, and which configs are valid.
+int model_states(const lbopt_optimizer_config& c) {
+  switch (int(c.optimizer)) {
+    case LBOPT_OPTIMIZER_ADAMW: return (c.flags & LBOPT_FLAG_AMSGRAD) ? 3 : 2;
+    case LBOPT_OPTIMIZER_SGD: return c.momentum != 0.0 ? 1 : 0;
+    case LBOPT_OPTIMIZER_LION: return 1;
+    default: return 3;  // AdEMAMix, and any value that is no optimizer (then the call is refused anyway)
+  }
+}
+
+bool model_second_moment(int optimizer, int k) {
+  return (optimizer == LBOPT_OPTIMIZER_ADAMW && k > 0) || (optimizer == LBOPT_OPTIMIZER_ADEMAMIX && k == 2);
+}
+
+bool unit(double x) { return x >= 0.0 && x < 1.0; }
+bool finite_nonneg(double x) { return x >= 0.0 && isfinite(x); }
+
+// Whether lbopt_optimizer_config_validate(c, lr) must accept.
+bool model_config_valid(const lbopt_optimizer_config* c, double lr) {
+  if (!c || c->struct_size != sizeof(lbopt_optimizer_config)) return false;
+  const int o = int(c->optimizer), kind = int(c->state_kind);
+  if (o < 0 || o > 3 || kind < 0 || kind > 3) return false;
+  const uint32_t common = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE;
+  uint32_t allowed = common;
+  bool ok = finite_nonneg(c->weight_decay) && finite_nonneg(lr);
+  switch (o) {
+    case LBOPT_OPTIMIZER_ADAMW:
+      allowed |= LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD;
+      ok = ok && unit(c->beta1) && unit(c->beta2) && finite_nonneg(c->eps);
+      break;
+    case LBOPT_OPTIMIZER_SGD:
+      allowed |= LBOPT_FLAG_NESTEROV;
+      ok = ok && finite_nonneg(c->momentum) && c->dampening >= 0.0 && c->dampening <= 1.0;
+      if (c->flags & LBOPT_FLAG_NESTEROV) ok = ok && c->momentum > 0.0 && c->dampening == 0.0;
+      break;
+    case LBOPT_OPTIMIZER_LION: ok = ok && unit(c->beta1) && unit(c->beta2); break;
+    default:
+      ok = ok && unit(c->beta1) && unit(c->beta2) && unit(c->beta3) && finite_nonneg(c->eps) &&
+           finite_nonneg(c->alpha) && finite_nonneg(c->t_alpha) && finite_nonneg(c->t_beta3);
+      if (c->t_beta3 > 0.0) ok = ok && c->beta1 > 0.0 && c->beta3 > 0.0;
+  }
+  return ok && !(c->flags & ~allowed);
+}
+
+const char* kGenericSlotNames[4][8] = {
+    {"slots[0].param", "slots[0].grad", "slots[0].states[0].codes", "slots[0].states[0].scales",
+     "slots[0].states[1].codes", "slots[0].states[1].scales", "slots[0].states[2].codes", "slots[0].states[2].scales"},
+    {"slots[1].param", "slots[1].grad", "slots[1].states[0].codes", "slots[1].states[0].scales",
+     "slots[1].states[1].codes", "slots[1].states[1].scales", "slots[1].states[2].codes", "slots[1].states[2].scales"},
+    {"slots[2].param", "slots[2].grad", "slots[2].states[0].codes", "slots[2].states[0].scales",
+     "slots[2].states[1].codes", "slots[2].states[1].scales", "slots[2].states[2].codes", "slots[2].states[2].scales"},
+    {"slots[3].param", "slots[3].grad", "slots[3].states[0].codes", "slots[3].states[0].scales",
+     "slots[3].states[1].codes", "slots[3].states[1].scales", "slots[3].states[2].codes", "slots[3].states[2].scales"}};
+
+// Fields: u8 cm (as run_step's), an lbopt_optimizer (fuzz_enum), [struct_size], state_kind, u8 flags (bit 5
+// NESTEROV, bits 6-7 unknown), u64 seed, beta1, beta2, beta3, eps, weight_decay, momentum, dampening, alpha (each
+// fuzz_double around the optimizer's default), u8 warm (bit0: t_alpha, bit1: t_beta3 fuzzed around 50 / 80; else
+// 0), lr unless capturable, u8 slot count, per slot u8 sm, step, numel and its tensors (param, grad, three states
+// of codes and scales: the optimizer's present by default, the rest absent), then options, then lr / step scalars.
+void run_generic_step(Ctx& c, bool capturable) {
+  Reader& r = c.r;
+  c.entry = capturable ? "lbopt_step_capturable" : "lbopt_step";
+  const uint8_t cm = r.u8();  // bit0 config NULL, bit1 config.struct_size wrong, bit2 slots NULL,
+                              // bit3 options NULL, bit4 options.struct_size wrong, bit5 flags |= 0x80000000
+  const int32_t optimizer = fuzz_enum(r, 4);
+  lbopt_optimizer_config cfg;
+  const lbopt_optimizer defaults_of = optimizer >= 0 && optimizer < 4 ? lbopt_optimizer(optimizer) : LBOPT_OPTIMIZER_ADAMW;
+  if (lbopt_optimizer_config_init(&cfg, sizeof cfg, defaults_of) != LBOPT_OK) abort();
+  memcpy(&cfg.optimizer, &optimizer, sizeof optimizer);  // out-of-range values as a C caller passes them
+  if (cm & 0x02) cfg.struct_size = uint32_t(fuzz_i64(r, sizeof cfg - 8));
+  const int32_t cfg_kind = fuzz_enum(r, 4);
+  memcpy(&cfg.state_kind, &cfg_kind, sizeof cfg_kind);
+  cfg.flags = r.u8();
+  if (cm & 0x20) cfg.flags |= 0x80000000u;
+  cfg.seed = r.u64();
+  for (double* f : {&cfg.beta1, &cfg.beta2, &cfg.beta3, &cfg.eps, &cfg.weight_decay, &cfg.momentum, &cfg.dampening,
+                    &cfg.alpha})
+    *f = fuzz_double(r, *f);
+  const uint8_t warm = r.u8();
+  if (warm & 1) cfg.t_alpha = fuzz_double(r, 50.0);
+  if (warm & 2) cfg.t_beta3 = fuzz_double(r, 80.0);
+  const double lr = capturable ? 0.0 : fuzz_double(r, 1e-3);
+  const uint8_t ns = r.u8();
+  const size_t n = ns == 0 ? 2 : ns % 5;
+  c.n_slots = n;
+  const int kind = sizing_kind(cfg_kind);
+  const int n_states = model_states(cfg);
+
+  lbopt_slot slots[4] = {};
+  int idx[4][8];
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t sm = r.u8();
+    slots[i].struct_size = sm & 1 ? uint32_t(fuzz_i64(r, sizeof(lbopt_slot) - 8)) : sizeof(lbopt_slot);
+    slots[i].step = fuzz_i64(r, int64_t(1 + i));
+    const int64_t numel = fuzz_numel(r, 300 - 90 * int64_t(i));
+    const char* const* nm = kGenericSlotNames[i];
+    int* t = idx[i];
+    t[0] = c.tensor(nm[0], Role::kParam, numel, {kF32, kBF16, kF16}, true, true);
+    t[1] = c.tensor(nm[1], Role::kGrad, numel, {kBF16, kF32, kF16}, true, false, t[0]);
+    for (int k = 0; k < LBOPT_MAX_STATES; ++k)
+      state_tensors(c, nm[2 + 2 * k], nm[3 + 2 * k], kind, numel, k < n_states, true,
+                    model_second_moment(optimizer, k), &t[2 + 2 * k], &t[3 + 2 * k]);
+  }
+  lbopt_step_options opts;
+  if (lbopt_step_options_init(&opts, sizeof opts) != LBOPT_OK) abort();
+  if (cm & 0x10) opts.struct_size = uint32_t(fuzz_i64(r, sizeof opts - 8));
+  const int gs = c.tensor("options.grad_scale", Role::kGradScale, 1, {kF32}, true, false);
+  c.found_inf = c.tensor("options.found_inf", Role::kFoundInf, 1, {kF32}, true, false);
+  c.skipped = c.tensor("options.skipped", Role::kSkipped, int64_t(n), {kU8}, true, true);
+  int lr_t = -1, step_t = -1;
+  if (capturable) {
+    lr_t = c.tensor("lr", Role::kLr, 1, {kF32, kF64}, true, false);
+    step_t = c.tensor("step", Role::kStep, 1, {kI64, kF32}, true, false);
+  }
+  c.materialize();
+
+  for (size_t i = 0; i < n; ++i) {
+    const int* t = idx[i];
+    slots[i].param = c.ptr(t[0]);
+    slots[i].grad = c.ptr(t[1]);
+    for (int k = 0; k < LBOPT_MAX_STATES; ++k) slots[i].states[k] = {c.ptr(t[2 + 2 * k]), c.ptr(t[3 + 2 * k])};
+  }
+  opts.grad_scale = c.ptr(gs);
+  opts.found_inf = c.ptr(c.found_inf);
+  opts.skipped = c.ptr(c.skipped);
+  opts.stream = c.stream;
+  if (cm & 0x08) {  // options NULL: its tensors are not part of the call (their blocks must still stay intact)
+    for (int i : {gs, c.found_inf, c.skipped}) c.tens[size_t(i)].present = false;
+    c.found_inf = c.skipped = -1;
+  }
+
+  const lbopt_optimizer_config cfg_before = cfg;
+  lbopt_slot slots_before[4];
+  memcpy(slots_before, slots, sizeof slots);
+  const lbopt_step_options opts_before = opts;
+  const lbopt_optimizer_config* cfg_arg = cm & 0x01 ? nullptr : &cfg;
+  const lbopt_slot* slots_arg = cm & 0x04 ? nullptr : slots;
+  const lbopt_step_options* opts_arg = cm & 0x08 ? nullptr : &opts;
+
+  // the config alone: at lr = 0 (as lbopt_optimizer_states and the capturable step check it) and at lr
+  const lbopt_status config_at_0 = lbopt_optimizer_config_validate(cfg_arg, 0.0);
+  const std::string verdict_at_0 = lbopt_last_error();
+  if ((config_at_0 == LBOPT_OK) != model_config_valid(cfg_arg, 0.0))
+    c.die(config_at_0, "lbopt_optimizer_config_validate(lr = 0) said %d (\"%s\"), the documented ranges say %s",
+          int(config_at_0), verdict_at_0.c_str(), model_config_valid(cfg_arg, 0.0) ? "valid" : "invalid");
+  lbopt_state_info info[LBOPT_MAX_STATES];
+  for (lbopt_state_info& s : info) s = {nullptr, -7};
+  size_t n_info = 12345;
+  const lbopt_status states = lbopt_optimizer_states(cfg_arg, info, &n_info);
+  if (states != config_at_0 || verdict_at_0 != lbopt_last_error())
+    c.die(states, "lbopt_optimizer_states said %d (\"%s\"), lbopt_optimizer_config_validate(lr = 0) %d (\"%s\")",
+          int(states), lbopt_last_error(), int(config_at_0), verdict_at_0.c_str());
+  if (states == LBOPT_OK) {
+    if (n_info != size_t(n_states)) c.die(states, "lbopt_optimizer_states: %zu states, expected %d", n_info, n_states);
+    for (int k = 0; k < n_states; ++k)
+      if (!info[k].name || !info[k].name[0] || info[k].moment != (model_second_moment(optimizer, k) ? 1 : 0))
+        c.die(states, "lbopt_optimizer_states: state %d is \"%s\" on moment %d", k, info[k].name ? info[k].name : "(null)",
+              int(info[k].moment));
+    for (int k = n_states; k < LBOPT_MAX_STATES; ++k)
+      if (info[k].name || info[k].moment != -7) c.die(states, "lbopt_optimizer_states wrote states[%d]", k);
+  } else if (n_info != 12345) {
+    c.die(states, "lbopt_optimizer_states failed but wrote *n_states");
+  }
+  std::string verdict, config_verdict = verdict_at_0;
+  lbopt_status validated = LBOPT_OK, config_validated = config_at_0;
+  if (!capturable) {
+    config_validated = lbopt_optimizer_config_validate(cfg_arg, lr);
+    config_verdict = lbopt_last_error();
+    if ((config_validated == LBOPT_OK) != model_config_valid(cfg_arg, lr))
+      c.die(config_validated, "lbopt_optimizer_config_validate said %d (\"%s\"), the documented ranges say %s",
+            int(config_validated), config_verdict.c_str(), model_config_valid(cfg_arg, lr) ? "valid" : "invalid");
+    validated = lbopt_step_validate(cfg_arg, lr, slots_arg, n, opts_arg);
+    verdict = lbopt_last_error();
+  }
+  const lbopt_status st = capturable ? lbopt_step_capturable(cfg_arg, c.ptr(lr_t), c.ptr(step_t), slots_arg, n, opts_arg)
+                                     : lbopt_step(cfg_arg, lr, slots_arg, n, opts_arg);
+  if (!capturable && (st != validated || verdict != lbopt_last_error()))
+    c.die(st, "lbopt_step_validate said %d (\"%s\"), the step %d", int(validated), verdict.c_str(), int(st));
+  // (the capturable step names a NULL lr or step tensor before anything else)
+  const bool config_first = !capturable || (c.ptr(lr_t) && c.ptr(step_t));
+  if (config_first && config_validated != LBOPT_OK && (st != config_validated || config_verdict != lbopt_last_error()))
+    c.die(st, "lbopt_optimizer_config_validate said %d (\"%s\"), the step %d", int(config_validated),
+          config_verdict.c_str(), int(st));
+  if (memcmp(&cfg_before, &cfg, sizeof cfg) || memcmp(slots_before, slots, sizeof slots) ||
+      memcmp(&opts_before, &opts, sizeof opts))
+    c.die(st, "the config, slots or options struct was written");
+  c.check(st);
+}
+
 void run_convert(Ctx& c, bool to_state) {
   Reader& r = c.r;
   c.entry = to_state ? "lbopt_quantize" : "lbopt_dequantize";
@@ -1051,14 +1249,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // host buffers for device memory, so this harness is built with LBOPT_WITH_CUDA=0) or on CUDAHost (host memory).
   if (misc & 2) c.device = {kDLCUDA, 0};
   else if (misc & 4) c.device = {kDLCUDAHost, 0};
-  switch (entry % 7) {
+  switch (entry % 9) {
     case 0: run_step(c, false); break;
     case 1: run_step(c, true); break;
     case 2: run_convert(c, true); break;
     case 3: run_convert(c, false); break;
     case 4: run_state_init(c); break;
     case 5: run_state_layout(c); break;
-    default: run_op_invoke(c); break;
+    case 6: run_op_invoke(c); break;
+    case 7: run_generic_step(c, false); break;
+    default: run_generic_step(c, true); break;
   }
   return 0;
 }
