@@ -49,7 +49,6 @@ class Text {
 struct Range {
   uintptr_t begin, end;
   bool written;
-  uint32_t order;  // argument order: ties sort by it, so a message names the same two buffers whatever the call
   ArgName name;
 };
 
@@ -125,7 +124,7 @@ lbopt_status check_same_layout(const DLTensor& param, const DLTensor& grad, int6
 // Checks every tensor of one call against the same device and collects byte ranges for the overlap check.
 class CallChecker {
  public:
-  CallChecker() { ranges().clear(); }
+  CallChecker() : ranges_(ranges()) { ranges_.clear(); }
 
   struct View {
     uint8_t* data = nullptr;
@@ -162,14 +161,16 @@ class CallChecker {
     for (int d = 0; d < t->ndim; ++d) {
       const int64_t n = t->shape[d];
       if (n < 0) return fail(LBOPT_ERR_SHAPE, "%s: shape[%d] = %lld is negative", Text(arg).c_str(), d, (long long)n);
-      if (n != 0 && numel > INT64_MAX / n)
+      // (an overflow test, not a division: a 64-bit divide per dim was most of the check of a small tensor)
+      if (__builtin_mul_overflow(numel, n, &numel))
         return fail(LBOPT_ERR_SHAPE, "%s: element count overflows int64", Text(arg).c_str());
-      numel *= n;
     }
     // strides: NULL (compact row-major) or any dense, non-overlapping layout
     if (t->strides && numel > 0) LBOPT_TRY(check_dense(t, arg));
     const int64_t elem = dt.bits / 8;
-    if (numel > INT64_MAX / elem) return fail(LBOPT_ERR_SHAPE, "%s: byte size overflows int64", Text(arg).c_str());
+    int64_t bytes;
+    if (__builtin_mul_overflow(numel, elem, &bytes))
+      return fail(LBOPT_ERR_SHAPE, "%s: byte size overflows int64", Text(arg).c_str());
     // device
     Device dev;
     switch (t->device.device_type) {
@@ -195,12 +196,11 @@ class CallChecker {
     if (addr < reinterpret_cast<uintptr_t>(t->data))
       return fail(LBOPT_ERR_ALIGNMENT, "%s: byte_offset %llu wraps the address space", Text(arg).c_str(),
                   (unsigned long long)t->byte_offset);
-    if (addr % uintptr_t(elem) != 0)
+    if ((addr & uintptr_t(elem - 1)) != 0)  // elem is a power of two
       return fail(LBOPT_ERR_ALIGNMENT, "%s: data + byte_offset (%llu) is not aligned to its %lld-byte elements",
                   Text(arg).c_str(), (unsigned long long)t->byte_offset, (long long)elem);
     if (numel > 0) {
-      ranges().push_back(Range{addr, addr + uintptr_t(numel * elem), access == Access::kWrite,
-                               uint32_t(ranges().size()), arg});
+      ranges_.push_back(Range{addr, addr + uintptr_t(bytes), access == Access::kWrite, arg});
     }
     out->data = reinterpret_cast<uint8_t*>(addr);
     out->numel = numel;
@@ -210,13 +210,19 @@ class CallChecker {
 
   // After all tensors: no written range may overlap any other range. Sorted by start, an overlap exists iff some
   // range starts before the furthest end seen so far, with either side written.
+  // The ranges are sorted as compact (start, argument index) keys, not moved: a call of thousands of tensors
+  // sorts tens of thousands of them. Ties go in argument order, so a message names the same two buffers whatever
+  // else the call holds.
   lbopt_status check_overlaps() {
-    std::vector<Range>& rs = ranges();
-    std::sort(rs.begin(), rs.end(),
-              [](const Range& a, const Range& b) { return a.begin != b.begin ? a.begin < b.begin : a.order < b.order; });
+    const std::vector<Range>& rs = ranges_;
+    thread_local std::vector<std::pair<uintptr_t, uint32_t>> order;
+    order.resize(rs.size());
+    for (size_t i = 0; i < rs.size(); ++i) order[i] = {rs[i].begin, uint32_t(i)};
+    std::sort(order.begin(), order.end());
     const Range* far_any = nullptr;
     const Range* far_written = nullptr;
-    for (const Range& r : rs) {
+    for (const auto& key : order) {
+      const Range& r = rs[key.second];
       const Range* hit = nullptr;
       if (far_written && r.begin < far_written->end) hit = far_written;
       else if (r.written && far_any && r.begin < far_any->end) hit = far_any;
@@ -251,6 +257,7 @@ class CallChecker {
     return r;
   }
 
+  std::vector<Range>& ranges_;  // (a thread-local lookup costs a call in a shared library: once per checker)
   Device device_{};
   bool have_device_ = false;
   ArgName first_arg_{""};
