@@ -25,7 +25,11 @@ template <> LBOPT_HD const Sgd::Scalars& OptScalars::get<Sgd>() const { return s
 template <> LBOPT_HD const Lion::Scalars& OptScalars::get<Lion>() const { return lion; }
 template <> LBOPT_HD const AdEMAMix::Scalars& OptScalars::get<AdEMAMix>() const { return ademamix; }
 
-// f(Opt{}) for the optimizer of that id (validation accepts no other).
+// f(Opt{}) for the optimizer of that id (validation accepts no other). Host code passes host-only callables (the
+// CUDA launcher), device code device ones: nvcc is told not to check which side f runs on.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
 template <class F>
 LBOPT_HD decltype(auto) with_optimizer(int id, F&& f) {
   switch (id) {
@@ -52,11 +56,6 @@ LBOPT_HD OptScalars make_scalars(const Hyper& h, double lr, int64_t step) {
 // The states a step of these hyper-parameters reads and writes (a prefix of the slot's states).
 LBOPT_HD int active_states(const Hyper& h) {
   return with_optimizer(h.optimizer, [&](auto opt) { return decltype(opt)::states(h); });
-}
-
-// Whether state i is on the non-negative (second-moment) codebooks.
-LBOPT_HD bool state_second_moment(int optimizer, int i) {
-  return with_optimizer(optimizer, [&](auto opt) { return decltype(opt)::second_moment(i); });
 }
 
 // The element operations of the scalar (portable and CUDA) kernels; the SIMD kernels supply vector ones with

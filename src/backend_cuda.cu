@@ -86,12 +86,9 @@ lbopt_status check_plan_pointers(const StepPlan& plan) {
     const long long n = (long long)i;
     LBOPT_TRY(check_pointer(s.param, d, "param", n));
     LBOPT_TRY(check_pointer(s.grad, d, "grad", n));
-    for (int k = 0; k < kMaxStates; ++k) {
-      char codes[32], scales[32];
-      snprintf(codes, sizeof codes, "states[%d].codes", k);
-      snprintf(scales, sizeof scales, "states[%d].scales", k);
-      LBOPT_TRY(check_state_pointers(s.states[k], d, codes, scales, n));
-    }
+    static const char* const codes[kMaxStates] = {"states[0].codes", "states[1].codes", "states[2].codes"};
+    static const char* const scales[kMaxStates] = {"states[0].scales", "states[1].scales", "states[2].scales"};
+    for (int k = 0; k < kMaxStates; ++k) LBOPT_TRY(check_state_pointers(s.states[k], d, codes[k], scales[k], n));
   }
   LBOPT_TRY(check_pointer(plan.grad_scale, d, "options.grad_scale"));
   LBOPT_TRY(check_pointer(plan.found_inf, d, "options.found_inf"));

@@ -8,7 +8,6 @@
 namespace lbopt {
 
 struct AdamW {
-  static constexpr int kId = kAdamW;
   static constexpr const char* kName = "adamw";
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};

@@ -9,7 +9,6 @@
 namespace lbopt {
 
 struct AdEMAMix {
-  static constexpr int kId = kAdEMAMix;
   static constexpr const char* kName = "ademamix";
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};

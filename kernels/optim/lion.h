@@ -8,7 +8,6 @@
 namespace lbopt {
 
 struct Lion {
-  static constexpr int kId = kLion;
   static constexpr const char* kName = "lion";
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg"};

@@ -7,7 +7,6 @@
 namespace lbopt {
 
 struct Sgd {
-  static constexpr int kId = kSgd;
   static constexpr const char* kName = "sgd";
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"momentum_buffer"};
