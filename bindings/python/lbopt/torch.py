@@ -236,14 +236,18 @@ class _Call:
         """The step (which validates the call before it writes), then the step counts of the slots stepped."""
         self._check(_abi.lib.lbopt_step)
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
-        flags = self.skipped.tolist() if self.read_skipped else [0] * self.n
-        for (state, *_), s in zip(self.entries, flags):
-            if not s:
-                state["step"] += 1
+        if not self.read_skipped:
+            for entry in self.entries:
+                entry[0]["step"] += 1
+            return
+        for entry, skipped in zip(self.entries, self.skipped.tolist()):
+            if not skipped:
+                entry[0]["step"] += 1
 
 
 def _signature(entries):
-    return tuple(id(e[1]) for e in entries)
+    """The slots a call steps, in order (compared element by element, by identity first)."""
+    return [e[1] for e in entries]
 
 
 class _LowBit(torch.optim.Optimizer):
