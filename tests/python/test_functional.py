@@ -376,3 +376,26 @@ def test_quantize_keeps_capsules_alive(which):
         F.dequantize("8bit", "m", ref, ref_out)
         F.dequantize("8bit", "m", ref, ReleasingProducer(out))
         assert np.array_equal(out, ref_out)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("optimizer,cls,options", [("sgd", "SGD", {"momentum": 0.9, "nesterov": True}),
+                                                   ("lion", "Lion", {"weight_decay": 0.1}),
+                                                   ("ademamix", "AdEMAMix", {"t_alpha": 5.0})])
+def test_generic_step_on_numpy_equals_the_torch_class(kind, optimizer, cls, options):
+    """lbopt.functional.step on NumPy arrays and lbopt.torch's class of the same optimizer and kind make the
+    same library call: identical params after 3 steps; a state missing from states[i] is named."""
+    rng = np.random.default_rng(4)
+    x, grads = rng.standard_normal(5000).astype(np.float32), rng.standard_normal((3, 5000)).astype(np.float32)
+    p = x.copy()
+    states = [{name: F.zeros_state(kind, p.size) for name, _ in F.state_names(optimizer, **options)}]
+    q = torch.nn.Parameter(torch.from_numpy(x.copy()))
+    torch_cls = getattr(LT, cls + {"4bit": "4bit", "8bit": "8bit", "fp8": "Fp8", "fp32": ""}[kind])
+    opt = torch_cls([q], lr=1e-2, min_quant_size=0, **options)
+    for t in range(3):
+        F.step(optimizer, [p], [grads[t]], states, 1e-2, [t + 1], kind=kind, **options)
+        q.grad = torch.from_numpy(grads[t].copy())
+        opt.step()
+    assert np.array_equal(p, q.detach().numpy())
+    with pytest.raises(ValueError, match=F.state_names(optimizer, **options)[0][0]):
+        F.step(optimizer, [p], [grads[0]], [{}], 1e-2, [4], kind=kind, **options)

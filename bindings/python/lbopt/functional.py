@@ -66,6 +66,7 @@ def _state(st, views):
     return _abi.State(codes.ptr, scales.ptr if scales else None)
 
 
+_FIELDS = {"beta1", "beta2", "beta3", "eps", "weight_decay", "momentum", "dampening", "alpha", "t_alpha", "t_beta3"}
 _FLAGS = {"adam": _abi.FLAG_ADAM_COUPLED_DECAY, "amsgrad": _abi.FLAG_AMSGRAD, "nesterov": _abi.FLAG_NESTEROV,
           "maximize": _abi.FLAG_MAXIMIZE, "bf16_stochastic_round": _abi.FLAG_BF16_STOCHASTIC_ROUND,
           "skip_nonfinite": _abi.FLAG_SKIP_NONFINITE}
@@ -84,7 +85,7 @@ def config(optimizer, kind="4bit", *, seed=0, **options):
     for name, bit in _FLAGS.items():
         if options.pop(name, False):
             flags |= bit
-    unknown = set(options) - {f for f, _ in _abi.OptimizerConfig._fields_}
+    unknown = set(options) - _FIELDS
     if unknown:
         raise TypeError(f"lbopt: unknown option(s) {', '.join(sorted(unknown))}")
     cfg = _abi.optimizer_config(opt, kind_id(kind), flags, seed, **options)
@@ -105,6 +106,11 @@ def step(optimizer, params, grads, states, lr, steps, *, kind="4bit", seed=0, **
     Returns a list of bools: True where a tensor was skipped for a non-finite gradient (with skip_nonfinite)."""
     cfg = config(optimizer, kind, seed=seed, **options)
     names = [name for name, _ in _abi.optimizer_states(cfg)]
+    for i, st in enumerate(states):
+        missing = [name for name in names if name not in st]
+        if missing:
+            raise ValueError(f"lbopt: states[{i}] has no {', '.join(missing)} (this {optimizer} step uses "
+                             f"{', '.join(names) or 'no states'})")
     return _run(_abi.lib.lbopt_step, cfg, _abi.Slot, params, grads,
                 [[st[name] for name in names] for st in states], lr, steps)
 
