@@ -399,3 +399,30 @@ def test_generic_step_on_numpy_equals_the_torch_class(kind, optimizer, cls, opti
     assert np.array_equal(p, q.detach().numpy())
     with pytest.raises(ValueError, match=F.state_names(optimizer, **options)[0][0]):
         F.step(optimizer, [p], [grads[0]], [{}], 1e-2, [4], kind=kind, **options)
+
+
+def test_cpu_kernels_env_restricts_the_dispatch():
+    """LBOPT_CPU_KERNELS=AVX2 (read once per process) runs the AVX2 kernels on a larger machine, with the same
+    results; an ISA the CPU lacks, or an unknown name, leaves the dispatch as it is."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, lbopt, lbopt.functional as F\n"
+            "p = np.linspace(-1, 1, 4096, dtype=np.float32); g = np.cos(p * 7)\n"
+            "st = {'m': F.zeros_state('4bit', p.size), 'v': F.zeros_state('4bit', p.size)}\n"
+            "F.adamw_step([p], [g], [st], 1e-2, [1], kind='4bit')\n"
+            "print(lbopt.build_info()['cpu_kernels'], p.tobytes().hex()[:64], st['m']['codes'].tobytes().hex())")
+    import pathlib
+    package = str(pathlib.Path(lbopt.__file__).resolve().parents[1])  # this lbopt, as conftest chose it
+    runs = {}
+    for value in (None, "AVX2", "NOT_AN_ISA"):
+        env = {k: v for k, v in os.environ.items() if k != "LBOPT_CPU_KERNELS"}
+        env["PYTHONPATH"] = os.pathsep.join([package] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        if value:
+            env["LBOPT_CPU_KERNELS"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        runs[value] = out.stdout.split()
+    if runs[None][0] not in ("AVX2", "AVX3", "AVX3_DL", "AVX3_ZEN4", "AVX3_SPR"):
+        pytest.skip(f"no AVX2 here (kernels {runs[None][0]})")
+    assert runs["AVX2"][0] == "AVX2" and runs["NOT_AN_ISA"][0] == runs[None][0]
+    assert runs["AVX2"][1:] == runs[None][1:]  # bit-identical params and codes
