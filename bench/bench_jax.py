@@ -9,7 +9,6 @@ import pathlib
 import re
 import resource
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bindings" / "python"))
 
@@ -20,17 +19,11 @@ import numpy as np  # noqa: E402
 import lbopt  # noqa: E402
 import lbopt.functional as F  # noqa: E402
 import lbopt.jax as LJ  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 
-def median_time(fn, reps=7, warm=2):
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[len(ts) // 2]
+def median_time(fn):
+    return median_seconds(fn, reps=7, warm=2)
 
 
 def main():

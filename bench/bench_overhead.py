@@ -7,9 +7,7 @@ every call but the first).
 """
 import argparse
 import pathlib
-import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bindings" / "python"))
 
@@ -17,17 +15,11 @@ import torch  # noqa: E402
 
 import lbopt  # noqa: E402
 import lbopt.torch as LT  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 
-def median_ms(fn, reps=15, warm=3):
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
+def median_ms(fn):
+    return median_seconds(fn, reps=15, warm=3) * 1e3
 
 
 def main():

@@ -85,10 +85,8 @@ void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begi
     for (int64_t i = 0; i < n; ++i) {
       const int64_t e = start + i;
       float p = P::load(param, e);
-      float x[kMaxStates] = {};
-      for (int k = 0; k < n_states; ++k) x[k] = st[k][i];
-      update<ScalarOps>(s, p, G::load(grad, e) * slot.grad_factor, x[0], x[1], x[2]);
-      for (int k = 0; k < n_states; ++k) st[k][i] = x[k];
+      // (an update reads and writes only the states its config uses)
+      update<ScalarOps>(s, p, G::load(grad, e) * slot.grad_factor, st[0][i], st[1][i], st[2][i]);
       if (sr) {
         static_cast<uint16_t*>(slot.param)[e] =
             float_to_bf16_stochastic(p, random_bits(flags.seed, uint64_t(slot.step), uint64_t(e)));

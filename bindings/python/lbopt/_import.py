@@ -36,9 +36,8 @@ def moments(entry, what, names):
     any format above; any other state as a float tensor under its own name (torch.optim.SGD's momentum_buffer)."""
     out = {}
     bnb = entry.get(_BNB_NESTED, entry)
-    known = [m for m in _MOMENTS if m[0] in names] + [(n, n, None, None) for n in names
-                                                      if n not in [m[0] for m in _MOMENTS]]
-    for name, key, bnb_index, _ in known:
+    adamw = {m[0]: m for m in _MOMENTS}
+    for name, key, bnb_index, _ in (adamw.get(n, (n, n, None, None)) for n in names):
         value = entry.get(key)
         if value is None and bnb_index is not None:
             value = bnb.get("state" + bnb_index)

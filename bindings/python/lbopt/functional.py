@@ -66,7 +66,8 @@ def _state(st, views):
     return _abi.State(codes.ptr, scales.ptr if scales else None)
 
 
-_FIELDS = {"beta1", "beta2", "beta3", "eps", "weight_decay", "momentum", "dampening", "alpha", "t_alpha", "t_beta3"}
+# the hyper-parameter fields of lbopt_optimizer_config: its doubles
+_FIELDS = {name for name, ctype in _abi.OptimizerConfig._fields_ if ctype is ctypes.c_double}
 _FLAGS = {"adam": _abi.FLAG_ADAM_COUPLED_DECAY, "amsgrad": _abi.FLAG_AMSGRAD, "nesterov": _abi.FLAG_NESTEROV,
           "maximize": _abi.FLAG_MAXIMIZE, "bf16_stochastic_round": _abi.FLAG_BF16_STOCHASTIC_ROUND,
           "skip_nonfinite": _abi.FLAG_SKIP_NONFINITE}

@@ -648,11 +648,9 @@ class LowBitAdamW(_LowBit):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  adam=False, **common):
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
         self.adam = adam
-        _init_common(self, params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                        amsgrad=amsgrad), **common)
+        _init_common(self, params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad),
+                     **common)
 
     def _fields(self, group):
         flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if self.adam else 0)
@@ -684,9 +682,7 @@ class LowBitLion(_LowBit):
     _optimizer = "lion"
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"lbopt: betas must be a pair, not {betas!r}")
-        _init_common(self, params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **common)
+        _init_common(self, params, dict(lr=lr, betas=betas, weight_decay=weight_decay), **common)
 
     def _fields(self, group):
         return dict(_betas(group, 2), weight_decay=_real(group["weight_decay"], "weight_decay")), 0
@@ -700,9 +696,7 @@ class LowBitAdEMAMix(_LowBit):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None,
                  eps=1e-8, weight_decay=1e-2, **common):
-        if not isinstance(betas, (tuple, list)) or len(betas) != 3:
-            raise ValueError(f"lbopt: betas must be a tuple of 3, not {betas!r}")
-        _init_common(self, params, dict(lr=lr, betas=tuple(betas), alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3,
+        _init_common(self, params, dict(lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3,
                                         eps=eps, weight_decay=weight_decay), **common)
 
     def _fields(self, group):
@@ -719,8 +713,6 @@ def _kind_class(base, name, kind, doc):
     return type(name, (base,), {"__init__": __init__, "__doc__": doc + "\n" + (base.__doc__ or "")})
 
 
-_BYTES = {"4bit": "4-bit states (block 128)", "8bit": "8-bit dynamic-map states (block 256)",
-          "fp8": "float8 e4m3 states (block 256)", "fp32": "full-precision (fp32) states"}
 AdamW4bit = _kind_class(LowBitAdamW, "AdamW4bit", "4bit", "AdamW with 4-bit states (block 128), 1.06 bytes/param.")
 AdamW8bit = _kind_class(LowBitAdamW, "AdamW8bit", "8bit", "AdamW with 8-bit dynamic-map states (block 256).")
 AdamWFp8 = _kind_class(LowBitAdamW, "AdamWFp8", "fp8", "AdamW with float8 e4m3 states (block 256).")
@@ -739,11 +731,19 @@ def _adam_class(name, kind, doc):
 Adam4bit = _adam_class("Adam4bit", "4bit", "Adam (L2 decay coupled into the gradient), 4-bit states.")
 Adam8bit = _adam_class("Adam8bit", "8bit", "Adam (L2 decay coupled into the gradient), 8-bit states.")
 AdamFp8 = _adam_class("AdamFp8", "fp8", "Adam (L2 decay coupled into the gradient), float8 states.")
-for _base, _prefix in ((LowBitSGD, "SGD"), (LowBitLion, "Lion"), (LowBitAdEMAMix, "AdEMAMix")):
-    for _kind, _suffix in (("4bit", "4bit"), ("8bit", "8bit"), ("fp8", "Fp8"), ("fp32", "")):
-        globals()[_prefix + _suffix] = _kind_class(_base, _prefix + _suffix, _kind,
-                                                   f"{_prefix} with {_BYTES[_kind]}.")
-del _base, _prefix, _kind, _suffix
+SGD4bit = _kind_class(LowBitSGD, "SGD4bit", "4bit", "SGD with 4-bit states (block 128).")
+SGD8bit = _kind_class(LowBitSGD, "SGD8bit", "8bit", "SGD with 8-bit dynamic-map states (block 256).")
+SGDFp8 = _kind_class(LowBitSGD, "SGDFp8", "fp8", "SGD with float8 e4m3 states (block 256).")
+SGD = _kind_class(LowBitSGD, "SGD", "fp32", "SGD with full-precision (fp32) states.")
+Lion4bit = _kind_class(LowBitLion, "Lion4bit", "4bit", "Lion with 4-bit states (block 128).")
+Lion8bit = _kind_class(LowBitLion, "Lion8bit", "8bit", "Lion with 8-bit dynamic-map states (block 256).")
+LionFp8 = _kind_class(LowBitLion, "LionFp8", "fp8", "Lion with float8 e4m3 states (block 256).")
+Lion = _kind_class(LowBitLion, "Lion", "fp32", "Lion with full-precision (fp32) states.")
+AdEMAMix4bit = _kind_class(LowBitAdEMAMix, "AdEMAMix4bit", "4bit", "AdEMAMix with 4-bit states (block 128).")
+AdEMAMix8bit = _kind_class(LowBitAdEMAMix, "AdEMAMix8bit", "8bit",
+                           "AdEMAMix with 8-bit dynamic-map states (block 256).")
+AdEMAMixFp8 = _kind_class(LowBitAdEMAMix, "AdEMAMixFp8", "fp8", "AdEMAMix with float8 e4m3 states (block 256).")
+AdEMAMix = _kind_class(LowBitAdEMAMix, "AdEMAMix", "fp32", "AdEMAMix with full-precision (fp32) states.")
 
 
 # ---- conversion to and from torch.optim.AdamW state_dicts -----------------------------------------------------
