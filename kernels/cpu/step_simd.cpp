@@ -8,6 +8,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "kernels/cpu/codebook4-inl.h"
 #include "kernels/cpu/codebook8_arith-inl.h"
 
 #include <string.h>
@@ -47,12 +48,11 @@ using DU64 = hn::Repartition<uint64_t, DU>;
 constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
 constexpr int kTablePad = kMaxLanes > 16 ? kMaxLanes : 16;
 
-// 16 floats (a 4-bit codebook, or a probe table of search16), padded to a whole vector.
+// A 4-bit codebook, padded to a whole vector.
 struct Table16 {
   HWY_ALIGN float t[kTablePad];
-  // t[c] = src[min(c + offset, 15)]
-  void fill(const float* src, int offset) {
-    for (int c = 0; c < kTablePad; ++c) t[c] = src[c + offset < 15 ? c + offset : 15];
+  void fill(const float* src) {
+    for (int c = 0; c < kTablePad; ++c) t[c] = src[c < 15 ? c : 15];
   }
 };
 
@@ -72,24 +72,6 @@ HWY_INLINE VF lookup16(const Table16& tab, VI index) {
   return hn::GatherIndex(df, tab.t, index);
 }
 
-// codebook_encode's branch-free binary search over a 4-bit map's 16 sorted midpoints: the first probe, mids[7],
-// is the same for every lane; each later step's table is shifted by the step's offset, so that its probe is a
-// single permute of the code found so far.
-struct Search16 {
-  float first;
-  Table16 probe[3];  // steps 4, 2, 1: probe[j][c] = mids[c + (4 >> j) - 1]
-  void fill(const float* mids) {
-    first = mids[7];
-    for (int j = 0; j < 3; ++j) probe[j].fill(mids, (4 >> j) - 1);
-  }
-};
-
-// One step of a binary search: code += step where probe <= y.
-HWY_INLINE VI search_step(VI code, VF probe, VF y, int32_t step) {
-  const DI di;
-  return hn::IfThenElse(hn::RebindMask(di, hn::Le(probe, y)), hn::Add(code, hn::Set(di, step)), code);
-}
-
 // quant.h's fp8_e4m3_encode for finite y: nearest even, saturating at 448, subnormals in steps of 2^-9.
 HWY_INLINE VU fp8_encode(VF y) {
   const DF df;
@@ -105,27 +87,18 @@ HWY_INLINE VU fp8_encode(VF y) {
   return hn::Or(sign, hn::IfThenElse(is_sub, sub, hn::Min(normal, hn::Set(du, 0x7eu))));
 }
 
-// A state's codec with its tables laid out for lookup16 and search16.
+// A state's codec with its tables laid out for lookup16 and the arithmetic 8-bit encode.
 struct SimdCodec {
   StateCodec c{};
-  Table16 values;   // 4-bit: the codebook
-  Search16 search;  // 4-bit: over the midpoints
-  bool linear16 = false;  // the map is k/16, k = 1..16 (4-bit v): encode by arithmetic, see encode_block
+  Table16 values;  // 4-bit: the codebook
   const Encode8Tables* map8 = nullptr;  // 8-bit: the map's tables for the arithmetic encode
 
   SimdCodec() = default;
   explicit SimdCodec(const StateCodec& codec) { init(codec); }
   void init(const StateCodec& codec) {
     c = codec;
-    if (c.kind == kState4Bit) {
-      values.fill(c.values, 0);
-      search.fill(c.mids);
-      linear16 = true;
-      for (int k = 0; k < 16; ++k)
-        linear16 &= c.values[k] == float(k + 1) / 16.0f && (k == 15 || c.mids[k] == float(2 * k + 3) / 32.0f);
-    } else if (c.kind == kState8Bit) {
-      map8 = c.mids == codebook::kSigned8Mids ? &kEncode8Signed : &kEncode8Unsigned;
-    }
+    if (c.kind == kState4Bit) values.fill(c.values);
+    if (c.kind == kState8Bit) map8 = c.mids == codebook::kSigned8Mids ? &kEncode8Signed : &kEncode8Unsigned;
   }
 };
 
@@ -136,15 +109,15 @@ HWY_INLINE VU nibble_shifts() {
   return hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
 }
 
-// The codes of elements i .. i + lanes - 1 of a block, decoded and scaled. 4-bit: `codes` is the block's bytes
-// copied to a padded buffer (a full-width byte load may pass the block's end); each byte is duplicated, widened
-// and shifted. Otherwise the block's own bytes.
+// The codes of elements i .. i + lanes - 1 of a block (codes: the block's first byte), decoded and scaled.
+// 4-bit: exactly the lanes / 2 bytes that hold them are loaded (a full-width load could pass the end of the
+// state), then each byte is duplicated, widened and shifted.
 template <int kKind>
 HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, VF scale) {
   const DF df;
   const DU du;
   if (kKind == kState4Bit) {
-    const auto pairs = hn::LoadU(DU8(), codes + i / 2);
+    const auto pairs = hn::ZeroExtendVector(DU8(), hn::LoadU(hn::Half<DU8>(), codes + i / 2));
     const auto code = hn::And(hn::Shr(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)), nibble_shifts()),
                               hn::Set(du, 15u));
     return hn::Mul(lookup16(sc.values, hn::BitCast(DI(), code)), scale);
@@ -161,17 +134,15 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
   return hn::Mul(hn::GatherIndex(df, sc.c.values, hn::BitCast(DI(), code)), scale);
 }
 
-// Where decode_vec reads block b of a quantized state: 4-bit codes go through the padded buffer.
+// Where decode_vec reads block b of a quantized state.
 template <int kKind>
-HWY_INLINE const uint8_t* block_codes(StateRef st, int64_t start, int64_t bs, uint8_t* padded) {
-  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
-  if (kKind != kState4Bit) return codes + start;
-  memcpy(padded, codes + (start >> 1), size_t(bs / 2));
-  return padded;
+HWY_INLINE const uint8_t* block_codes(StateRef st, int64_t start) {
+  return static_cast<const uint8_t*>(st.codes) + (kKind == kState4Bit ? start >> 1 : start);
 }
 
-// Requantize block b from x (finite values) with the block's absmax. The 8-bit maps need no search: their code
-// comes from the float's bits and one compare (codebook8_arith.h; 8-bit AdamW 3.3 -> 2.2 ns/elem on AVX-512).
+// Requantize block b from x (finite values) with the block's absmax. No map needs the generic search: the 8-bit
+// codes come from the float's bits and one compare (codebook8_arith.h; 8-bit AdamW 3.3 -> 2.2 ns/elem on
+// AVX-512), the 4-bit ones from a fold of the signed map or the linear unsigned map (codebook4-inl.h).
 template <int kKind>
 HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_t start, int64_t bs, const float* x,
                              float absmax) {
@@ -184,23 +155,28 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
   const auto vscale = hn::Set(df, scale);
   uint8_t* codes = static_cast<uint8_t*>(st.codes);
   HWY_ALIGN int32_t code[kMaxBlock];  // 4-bit: packed in pairs below
+#if LBOPT_ENCODE4_IN_X
+  const bool in_x = kKind == kState4Bit;
+  const Thresholds4 thresholds(sc.c.mids == codebook::kSigned4Mids ? lbopt::encode4::kSigned4InX
+                                                                    : lbopt::encode4::kUnsigned4InX,
+                               scale);
+#else
+  const bool in_x = false;
+#endif
   for (int64_t i = 0; i < bs; i += n) {
-    const auto yi = hn::Div(hn::Load(df, x + i), vscale);
+    const auto xi = hn::Load(df, x + i);
+    const auto yi = in_x ? xi : hn::Div(xi, vscale);
     VI c;
     if (kKind == kStateFp8) {
       c = hn::BitCast(di, fp8_encode(yi));
     } else if (kKind == kState8Bit) {
       c = Encode8Arith(df, yi, *sc.map8);
-    } else if (sc.linear16) {
-      // the linear 4-bit v map: the count of midpoints (2k + 3) / 32 <= y is floor(16 y - 0.5) clamped to 0..15,
-      // exact in float because 16 y is and 16 y - 0.5 is representable wherever the floor can exceed 0
-      const auto t = hn::ConvertTo(di, hn::Floor(hn::MulAdd(hn::Set(df, 16.0f), yi, hn::Set(df, -0.5f))));
-      c = hn::Min(hn::Max(t, hn::Zero(di)), hn::Set(di, 15));
     } else {
-      // within a vector each step waits on the last (a permute, then a compare); the vectors of a block are
-      // independent, so out-of-order execution overlaps them
-      c = search_step(hn::Zero(di), hn::Set(df, sc.search.first), yi, 8);
-      for (int j = 0; j < 3; ++j) c = search_step(c, lookup16(sc.search.probe[j], c), yi, 4 >> j);
+#if LBOPT_ENCODE4_IN_X
+      c = thresholds.code(xi);
+#else
+      c = sc.c.mids == codebook::kSigned4Mids ? Encode4Signed(df, yi) : Encode4Linear(df, yi);
+#endif
     }
     if (kKind == kState4Bit) {
       hn::Store(c, di, code + i);
@@ -284,19 +260,18 @@ HWY_INLINE VF fmax_vec(VF a, VF b) {
   return hn::IfThenElse(hn::IsNaN(a), b, hn::IfThenElse(hn::IsNaN(b), a, hn::Max(a, b)));
 }
 
-// Per-block accumulators of a state for encode_block: |x|, and a probe that turns NaN once an x was Inf or NaN
-// (x * 0 + probe): three cheap operations per vector instead of a finiteness test and a select.
-HWY_INLINE void block_max_add(VF& absmax, VF& probe, VF x) {
-  absmax = hn::Max(absmax, hn::Abs(x));
-  probe = hn::MulAdd(x, hn::Zero(DF()), probe);
-}
+// Per-block accumulator of a state for encode_block: the bits of |x| as integers, which order every
+// non-negative float and put Inf and NaN above all finite ones, so that one integer max per vector also flags them.
+HWY_INLINE void block_max_add(VI& maxbits, VF x) { maxbits = hn::Max(maxbits, hn::BitCast(DI(), hn::Abs(x))); }
 
 // The block's absmax for encode_block, with non-finite values in x zeroed first (finite_or_zero): the rare
-// blocks whose probe fired are rescanned.
-HWY_INLINE float block_absmax(float* x, int64_t bs, VF absmax, VF probe) {
+// blocks that held one are rescanned.
+HWY_INLINE float block_absmax(float* x, int64_t bs, VI maxbits) {
   const DF df;
-  if (hn::AllFalse(df, hn::IsNaN(probe))) return hn::GetLane(hn::MaxOfLanes(df, absmax));
-  absmax = hn::Zero(df);
+  const DI di;
+  const int32_t top = hn::GetLane(hn::MaxOfLanes(di, maxbits));
+  if (top < 0x7f800000) return bits_float(uint32_t(top));
+  auto absmax = hn::Zero(df);
   for (int64_t i = 0; i < bs; i += int64_t(hn::Lanes(df))) {
     const auto v = hn::Load(df, x + i);
     const auto f = hn::IfThenElseZero(hn::IsFinite(v), v);
@@ -353,8 +328,6 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
   HWY_ALIGN float buf[kMaxStates][kMaxBlock];
-  // zeroed once: a 4-bit decode loads a full vector of bytes and uses the lower half, the rest is padding
-  HWY_ALIGN uint8_t bytes[kMaxStates][kMaxBlock / 2 + kMaxLanes] = {};
   const auto grad_factor = hn::Set(df, slot.grad_factor);
   const bool has1 = n_states > 1, has2 = n_states > 2;
   BlockState bst[kMaxStates] = {};
@@ -362,7 +335,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     const int64_t start = b * bs;
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
-        bst[k] = {buf[k], block_codes<kKind>(st[k], start, bs, bytes[k]), st[k].scales[b]};
+        bst[k] = {buf[k], block_codes<kKind>(st[k], start), st[k].scales[b]};
       } else {           // updated in place
         bst[k] = {static_cast<float*>(st[k].codes) + start, nullptr, 0.0f};
       }
@@ -371,7 +344,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       return kQuantized ? decode_vec<kKind>(codec[k], bst[k].codes, i, hn::Set(df, bst[k].scale))
                         : hn::LoadU(df, bst[k].values + i);  // FP32 states: the caller's memory, any alignment
     };
-    auto max0 = hn::Zero(df), max1 = max0, max2 = max0, probe0 = max0, probe1 = max0, probe2 = max0;
+    auto max0 = hn::Zero(DI()), max1 = max0, max2 = max0;
     for (int64_t i = 0; i < bs; i += n) {
       auto p = load_value(pdt, param, start + i);
       const auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
@@ -386,22 +359,22 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         store_param(pdt, param, start + i, p, nullptr);
       }
       if (n_states > 0) {
-        if (kQuantized) block_max_add(max0, probe0, x0);
+        if (kQuantized) block_max_add(max0, x0);
         hn::StoreU(x0, df, bst[0].values + i);
       }
       if (has1) {
-        if (kQuantized) block_max_add(max1, probe1, x1);
+        if (kQuantized) block_max_add(max1, x1);
         hn::StoreU(x1, df, bst[1].values + i);
       }
       if (has2) {
-        if (kQuantized) block_max_add(max2, probe2, x2);
+        if (kQuantized) block_max_add(max2, x2);
         hn::StoreU(x2, df, bst[2].values + i);
       }
     }
     if (kQuantized) {
-      if (n_states > 0) encode_block<kKind>(codec[0], st[0], b, start, bs, buf[0], block_absmax(buf[0], bs, max0, probe0));
-      if (has1) encode_block<kKind>(codec[1], st[1], b, start, bs, buf[1], block_absmax(buf[1], bs, max1, probe1));
-      if (has2) encode_block<kKind>(codec[2], st[2], b, start, bs, buf[2], block_absmax(buf[2], bs, max2, probe2));
+      if (n_states > 0) encode_block<kKind>(codec[0], st[0], b, start, bs, buf[0], block_absmax(buf[0], bs, max0));
+      if (has1) encode_block<kKind>(codec[1], st[1], b, start, bs, buf[1], block_absmax(buf[1], bs, max1));
+      if (has2) encode_block<kKind>(codec[2], st[2], b, start, bs, buf[2], block_absmax(buf[2], bs, max2));
     }
   }
   return b1;
@@ -416,13 +389,13 @@ int64_t quantize_blocks(const StateCodec& codec, const float* src, StateRef dst,
   HWY_ALIGN float buf[kMaxBlock];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
-    auto absmax = hn::Zero(df), probe = absmax;
+    auto maxbits = hn::Zero(DI());
     for (int64_t i = 0; i < bs; i += n) {
       const auto x = hn::LoadU(df, src + start + i);
-      block_max_add(absmax, probe, x);
+      block_max_add(maxbits, x);
       hn::Store(x, df, buf + i);
     }
-    encode_block<kKind>(sc, dst, b, start, bs, buf, block_absmax(buf, bs, absmax, probe));
+    encode_block<kKind>(sc, dst, b, start, bs, buf, block_absmax(buf, bs, maxbits));
   }
   return b1;
 }
@@ -433,10 +406,9 @@ int64_t dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int
   const SimdCodec sc(codec);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df)), bs = work_block_size(kKind);
-  HWY_ALIGN uint8_t padded[kMaxBlock / 2 + kMaxLanes] = {};
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
-    const uint8_t* codes = block_codes<kKind>(src, start, bs, padded);
+    const uint8_t* codes = block_codes<kKind>(src, start);
     const auto scale = hn::Set(df, src.scales[b]);
     for (int64_t i = 0; i < bs; i += n) hn::StoreU(decode_vec<kKind>(sc, codes, i, scale), df, dst + start + i);
   }

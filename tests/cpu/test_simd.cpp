@@ -83,6 +83,25 @@ uint64_t all_cases() {
   return d;
 }
 
+// The midpoints between neighbouring values of a map (k < 3), from the library's own decode at scale 1.
+std::vector<float> map_mids(lbopt_state_kind kind, lbopt_moment mo) {
+  const int64_t bs = kind == LBOPT_STATE_4BIT ? 128 : 256;
+  Buffer all(f32(), {bs});
+  State table(kind, bs);
+  // element e gets code e % 16 (4-bit: element 2 j is the high nibble of byte j) or e
+  uint8_t* codes = static_cast<uint8_t*>(table.codes->t.data);
+  for (int64_t i = 0; i < (kind == LBOPT_STATE_4BIT ? bs / 2 : bs); ++i)
+    codes[i] = uint8_t(kind == LBOPT_STATE_4BIT ? ((2 * i) % 16) << 4 | ((2 * i + 1) % 16) : i);
+  static_cast<float*>(table.scales->t.data)[0] = 1.0f;
+  REQUIRE(lbopt_dequantize(kind, mo, table.view(), &all.t, nullptr) == LBOPT_OK);
+  std::vector<float> vals(static_cast<float*>(all.t.data),
+                          static_cast<float*>(all.t.data) + (kind == LBOPT_STATE_4BIT ? 16 : 256));
+  std::sort(vals.begin(), vals.end());
+  std::vector<float> mids;
+  for (size_t i = 0; i + 1 < vals.size(); ++i) mids.push_back(0.5f * (vals[i] + vals[i + 1]));
+  return mids;
+}
+
 // Quantize inputs at and around every decision point (codebook midpoints, e4m3 rounding ties, the saturation
 // edge) and dequantize every code byte with varied scales; digest of codes, scales and floats.
 uint64_t quantize_cases() {
@@ -91,21 +110,10 @@ uint64_t quantize_cases() {
     for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
       const lbopt_state_kind kind = lbopt_state_kind(k);
       const int64_t bs = k == 0 ? 128 : 256;
-      // the map's values at scale 1: dequantize one block holding every code
-      Buffer all(f32(), {bs});
-      State table(kind, bs);
-      for (int64_t i = 0; i < bs; ++i)
-        static_cast<uint8_t*>(table.codes->t.data)[k == 0 ? i / 2 : i] = uint8_t(k == 0 ? (i % 16) * 17 : i);
-      static_cast<float*>(table.scales->t.data)[0] = 1.0f;
-      REQUIRE(lbopt_dequantize(kind, mo, table.view(), &all.t, nullptr) == LBOPT_OK);
-      std::vector<float> vals(static_cast<float*>(all.t.data), static_cast<float*>(all.t.data) + (k == 0 ? 16 : 256));
-      std::sort(vals.begin(), vals.end());
       std::vector<float> xs;
-      for (size_t i = 0; i + 1 < vals.size(); ++i) {
-        const float mid = 0.5f * (vals[i] + vals[i + 1]);
+      for (float mid : map_mids(kind, mo))
         for (float x = nextafterf(nextafterf(mid, -1e9f), -1e9f), j = 0; j < 5; ++j, x = nextafterf(x, 1e9f))
           xs.push_back(x);
-      }
       for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 460.0f, 470.0f}) xs.push_back(x);  // (quantize refuses NaN, Inf)
       const float anchor = k == 2 ? 448.0f : 1.0f;  // the block scale 1: y = x
       std::vector<float> in;
@@ -132,13 +140,59 @@ uint64_t quantize_cases() {
   return d;
 }
 
+// 4-bit quantize with block scales of every magnitude, inputs at and around x = mid * scale for every midpoint
+// (where an encode without the division, on thresholds in x, must still agree with RN(x / scale)); digest of
+// the codes.
+uint64_t scaled_quantize_cases() {
+  std::mt19937_64 rng(4);
+  std::vector<float> scales = {1e-13f, 1e-12f, 1.7e-10f, 3e-5f, 0.37f, 1.0f, 1.5f, 1000.1f, 3e20f, 1e38f, 3.4028235e38f};
+  for (int e = -40; e <= 127; e += 7) scales.push_back(ldexpf(1.0f, e));
+  std::uniform_real_distribution<double> log_scale(-27.6, 88.0);
+  for (int i = 0; i < 300; ++i) scales.push_back(float(std::exp(log_scale(rng))));
+  uint64_t d = 0;
+  for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
+    const std::vector<float> mids = map_mids(LBOPT_STATE_4BIT, mo);
+    std::vector<float> in;
+    for (float anchor : scales) {
+      std::vector<float> xs;
+      const float s = std::max(anchor, 1e-12f);  // the scale lbopt uses for this block
+      for (float mid : mids) {  // (a midpoint here may be an ulp off the library's: 4 ulps either side)
+        float x = mid * s;
+        for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
+        for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY)) xs.push_back(x);
+      }
+      // blocks of 128: the anchor sets absmax (and so the scale), the rest lie within it
+      size_t next = 0;
+      while (next < xs.size()) {
+        in.push_back(anchor);
+        for (int64_t j = 1; j < 128; ++j) {
+          float x = 0.0f;
+          while (next < xs.size()) {
+            x = xs[next++];
+            if (std::fabs(x) <= anchor) break;
+            x = 0.0f;
+          }
+          in.push_back(x);
+        }
+      }
+    }
+    const int64_t n = int64_t(in.size());
+    Buffer src(f32(), {n});
+    memcpy(src.t.data, in.data(), in.size() * sizeof(float));
+    State st(LBOPT_STATE_4BIT, n);
+    REQUIRE(lbopt_quantize(LBOPT_STATE_4BIT, mo, &src.t, st.view(), nullptr) == LBOPT_OK);
+    d = d * 31 + (hash(*st.codes) ^ 3 * hash(*st.scales));
+  }
+  return d;
+}
+
 }  // namespace
 
 TEST_SUITE("simd") {
   TEST_CASE("every supported instruction set reproduces the portable kernels bit for bit") {
     setenv("LBOPT_CPU_KERNELS", "portable", 1);
     CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"portable\"") != std::string::npos);
-    const uint64_t portable = all_cases(), portable_q = quantize_cases();
+    const uint64_t portable = all_cases(), portable_q = quantize_cases(), portable_s = scaled_quantize_cases();
     unsetenv("LBOPT_CPU_KERNELS");
     const int64_t supported = hwy::SupportedTargets();
     int tried = 0;
@@ -150,6 +204,7 @@ TEST_SUITE("simd") {
       CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"" + name + "\"") != std::string::npos);
       CHECK(all_cases() == portable);
       CHECK(quantize_cases() == portable_q);
+      CHECK(scaled_quantize_cases() == portable_s);
       ++tried;
     }
     hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
