@@ -78,7 +78,9 @@ HWY_INLINE VU fp8_encode(VF y) {
   const DU du;
   const auto sign = hn::And(hn::ShiftRight<24>(hn::BitCast(du, y)), hn::Set(du, 0x80u));
   const auto a = hn::Min(hn::Abs(y), hn::Set(df, 448.0f));
-  const auto sub = hn::BitCast(du, hn::ConvertTo(DI(), hn::Round(hn::Mul(a, hn::Set(df, 512.0f)))));
+  // below 2^-6, a * 512 < 8 is exact and the float adder rounds it to an integer (1.5 * 2^23 + its value)
+  const auto sub = hn::Sub(hn::BitCast(du, hn::MulAdd(a, hn::Set(df, 512.0f), hn::Set(df, 12582912.0f))),
+                           hn::Set(du, 0x4b400000u));
   auto b = hn::BitCast(du, a);
   b = hn::Add(b, hn::Add(hn::Set(du, 0x7ffffu), hn::And(hn::ShiftRight<20>(b), hn::Set(du, 1u))));
   const auto normal = hn::Or(hn::ShiftLeft<3>(hn::Sub(hn::ShiftRight<23>(b), hn::Set(du, 120u))),
@@ -124,10 +126,13 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
   }
   const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
   if (kKind == kStateFp8) {
-    // e4m3's exponent and mantissa bits moved to float's place make 2^-120 times the magnitude, subnormals
-    // included (as float subnormals); the products are exact, so this equals fp8_e4m3_decode
-    const auto mag = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(hn::And(code, hn::Set(du, 0x7fu)))),
-                             hn::Set(df, 0x1p120f));
+    // e4m3's exponent and mantissa bits moved to float's place and rebiased by an integer add give the normal
+    // values; the subnormals (exponent 0) are m * 2^-9. No float operand is subnormal: on x86 each one costs a
+    // microcode assist (this decode had one per small v code: FP8 AdamW 2.2 -> 1.6 ns/elem on AVX-512).
+    const auto bits = hn::And(code, hn::Set(du, 0x7fu));
+    const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(bits), hn::Set(du, 120u << 23)));
+    const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(DI(), bits)), hn::Set(df, 0x1p-9f));
+    const auto mag = hn::IfThenElse(hn::RebindMask(df, hn::Lt(bits, hn::Set(du, 8u))), sub, normal);
     const auto sign = hn::BitCast(df, hn::ShiftLeft<24>(hn::And(code, hn::Set(du, 0x80u))));
     return hn::Mul(hn::Or(mag, sign), scale);
   }
