@@ -150,7 +150,8 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
 struct Thresholds4 {
   hn::Vec<hn::ScalableTag<float>> first, probe[3];  // the search's tables: T_7, and T shifted by 3, 1 and 0 lanes
 
-  HWY_INLINE Thresholds4(const lbopt::encode4::MidsInX& t, float s) {
+  // The tables for block scale s.
+  HWY_INLINE void init(const lbopt::encode4::MidsInX& t, float s) {
     const hn::ScalableTag<float> df;
     const hn::RebindToSigned<decltype(df)> di;
     const hn::Repartition<double, decltype(df)> dd;
