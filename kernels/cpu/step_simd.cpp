@@ -114,15 +114,17 @@ HWY_INLINE VU nibble_shifts() {
 // The codes of elements i .. i + lanes - 1 of a block (codes: the block's first byte), decoded and scaled.
 // 4-bit: exactly the lanes / 2 bytes that hold them are loaded (a full-width load could pass the end of the
 // state), then each byte is duplicated, widened and shifted.
+// 4-bit: `scaled` is the codebook times the block's scale (scale_table), so that an element's decode is its
+// lookup alone, with the product decode_vec would round per element.
 template <int kKind>
-HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, VF scale) {
+HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, VF scale, const Table16& scaled) {
   const DF df;
   const DU du;
   if (kKind == kState4Bit) {
     const auto pairs = hn::ZeroExtendVector(DU8(), hn::LoadU(hn::Half<DU8>(), codes + i / 2));
     const auto code = hn::And(hn::Shr(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)), nibble_shifts()),
                               hn::Set(du, 15u));
-    return hn::Mul(lookup16(sc.values, hn::BitCast(DI(), code)), scale);
+    return lookup16(scaled, hn::BitCast(DI(), code));
   }
   const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
   if (kKind == kStateFp8) {
@@ -137,6 +139,13 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
     return hn::Mul(hn::Or(mag, sign), scale);
   }
   return hn::Mul(hn::GatherIndex(df, sc.c.values, hn::BitCast(DI(), code)), scale);
+}
+
+// decode_vec's 4-bit table for a block of scale `scale`.
+HWY_INLINE void scale_table(const SimdCodec& sc, float scale, Table16& scaled) {
+  const DF df;
+  for (int c = 0; c < kTablePad; c += int(hn::Lanes(df)))
+    hn::Store(hn::Mul(hn::Load(df, sc.values.t + c), hn::Set(df, scale)), df, scaled.t + c);
 }
 
 // Where decode_vec reads block b of a quantized state.
@@ -377,6 +386,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const auto grad_factor = hn::Set(df, slot.grad_factor);
   const bool has1 = n_states > 1, has2 = n_states > 2;
   BlockState bst[kMaxStates] = {};
+  Table16 scaled[kMaxStates];
   for (int64_t b = b0; b < b1 + (kPipelined ? 1 : 0); ++b) {
     const bool encoding = kPipelined && b > b0;  // block b - 1's encode runs in this round
     if (encoding)
@@ -392,12 +402,13 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
         bst[k] = {buf[b & 1][k], block_codes<kKind>(st[k], start), st[k].scales[b]};
+        if (kKind == kState4Bit) scale_table(codec[k], bst[k].scale, scaled[k]);
       } else {           // updated in place
         bst[k] = {static_cast<float*>(st[k].codes) + start, nullptr, 0.0f};
       }
     }
     const auto load = [&](int k, int64_t i) HWY_ATTR {
-      return kQuantized ? decode_vec<kKind>(codec[k], bst[k].codes, i, hn::Set(df, bst[k].scale))
+      return kQuantized ? decode_vec<kKind>(codec[k], bst[k].codes, i, hn::Set(df, bst[k].scale), scaled[k])
                         : hn::LoadU(df, bst[k].values + i);  // FP32 states: the caller's memory, any alignment
     };
     auto max0 = hn::Zero(DI()), max1 = max0, max2 = max0;
@@ -469,11 +480,14 @@ int64_t dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int
   const SimdCodec sc(codec);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df)), bs = work_block_size(kKind);
+  Table16 scaled;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t start = b * bs;
     const uint8_t* codes = block_codes<kKind>(src, start);
     const auto scale = hn::Set(df, src.scales[b]);
-    for (int64_t i = 0; i < bs; i += n) hn::StoreU(decode_vec<kKind>(sc, codes, i, scale), df, dst + start + i);
+    if (kKind == kState4Bit) scale_table(sc, src.scales[b], scaled);
+    for (int64_t i = 0; i < bs; i += n)
+      hn::StoreU(decode_vec<kKind>(sc, codes, i, scale, scaled), df, dst + start + i);
   }
   return b1;
 }
