@@ -1,13 +1,16 @@
 // Per-target vector forms of quant.h's codebook_encode for the two 4-bit maps, bit-identical to it for every
 // finite y (tests/cpu/test_codebook4_simd.cpp checks every float with |y| <= 2). Include it after
 // <hwy/highway.h> at file scope of a foreach_target source (outside any namespace); it defines
-// lbopt::cpu::HWY_NAMESPACE::Encode4Signed and Encode4Linear.
+// lbopt::cpu::HWY_NAMESPACE::Encode4Signed and Encode4Linear (codes of the divided value y = x / s), and on
+// AVX-512 Thresholds4 (the code of x itself, with no division; tests/cpu/test_simd.cpp checks it against the
+// portable kernels at many block scales).
 //
 // Why not the generic 16-entry binary search: each of its four steps is a permute that waits on the last compare,
 // and a 16-entry table costs two permutes and a blend on AVX2. The signed map is symmetric about its zero code
 // (its one unpaired code is 1.0 at the top), so a 3-step search over its 7 inner positive midpoints, on the bits
 // of |y|, plus one compare against the top midpoint settles both signs: 8-entry tables, one permute per step on
-// AVX2 and AVX-512. The unsigned map is k/16 and needs no table at all.
+// AVX2. The unsigned map is k/16 and needs no table at all. AVX-512 holds 16 entries in a register and has no
+// need of the fold; it drops the division instead (Thresholds4).
 #if defined(LBOPT_KERNELS_CPU_CODEBOOK4_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef LBOPT_KERNELS_CPU_CODEBOOK4_INL_H_
 #undef LBOPT_KERNELS_CPU_CODEBOOK4_INL_H_
@@ -97,13 +100,14 @@ HWY_INLINE hn::Vec<DI> Lookup8(DI di, const int32_t* t, hn::Vec<DI> index) {
   return hn::GatherIndex(di, t, index);
 }
 
-// v + k where mask: a masked add on AVX-512, the mask vector's ones (-1) times -k added elsewhere.
+// v + k where mask: a masked add on AVX-512, the mask vector (-1 where set) subtracted or masked elsewhere.
 template <class DI, class M>
 HWY_INLINE hn::Vec<DI> AddIf(DI di, M mask, hn::Vec<DI> v, int32_t k) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return hn::IfThenElse(mask, hn::Add(v, hn::Set(di, k)), v);
 #else
-  return k == 1 ? hn::Sub(v, hn::VecFromMask(di, mask)) : hn::Add(v, hn::And(hn::VecFromMask(di, mask), hn::Set(di, k)));
+  const auto ones = hn::VecFromMask(di, mask);  // -1 where mask
+  return k == 1 ? hn::Sub(v, ones) : hn::Add(v, hn::And(ones, hn::Set(di, k)));
 #endif
 }
 
@@ -128,8 +132,9 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
 }
 
 // codebook_encode(kUnsigned4Mids, 16, y) per lane: the count of midpoints (2 k + 3) / 32 <= y is floor(16 y - 0.5)
-// clamped to 0..15 (y is clamped to [-1, 1] first). 16 y is exact, and 16 y - 0.5 too wherever the floor can exceed 0. The float adder turns the
-// floor into an integer (1.5 * 2^23 + f has f in its low bits), which needs no conversion and its range fix-up.
+// clamped to 0..15 (y is clamped to [-1, 1] first). 16 y is exact, and 16 y - 0.5 too wherever the floor can
+// exceed 0. The float adder turns the floor into an integer (1.5 * 2^23 + f has f in its low bits), which needs no
+// conversion and its range fix-up.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
   const hn::RebindToSigned<DF> di;
