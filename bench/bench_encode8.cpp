@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/codebook4-inl.h"  // lookup16
 #include "kernels/cpu/codebook8_arith-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -35,24 +36,6 @@ HWY_INLINE void StoreCodes(const int32_t* code, uint8_t* out) {
     hn::StoreU(hn::TruncateTo(DU8(), hn::BitCast(DU(), hn::Load(DI(), code + i))), DU8(), out + i);
 }
 
-// 16 floats for a permute, padded for any vector width (as the step kernels' Table16)
-struct Table16 {
-  HWY_ALIGN float t[HWY_MAX_BYTES / 4 > 16 ? HWY_MAX_BYTES / 4 : 16];
-};
-
-HWY_INLINE VF Lookup16(const Table16& tab, VI index) {
-  const DF df;
-  const DI di;
-  const size_t n = hn::Lanes(df);
-  if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
-  if (n == 8) {
-    const auto lane = hn::IndicesFromVec(df, hn::And(index, hn::Set(di, 7)));
-    const auto high = hn::RebindMask(df, hn::Gt(index, hn::Set(di, 7)));
-    return hn::IfThenElse(high, hn::TableLookupLanes(hn::Load(df, tab.t + 8), lane),
-                          hn::TableLookupLanes(hn::Load(df, tab.t), lane));
-  }
-  return hn::GatherIndex(df, tab.t, index);
-}
 
 // method 0: eight gather steps (the first a broadcast); 1: four permute steps over every 16th midpoint, then four
 // gathers; 2: arithmetic. y: n_blocks blocks of 256.
@@ -94,7 +77,7 @@ void EncodeBlocks(int method, int is_signed, const float* y, int64_t n_blocks, u
       for (int j = 0; j < 3; ++j)
         for (size_t i = 0; i < kBlock; i += n) {
           const VI c = hn::Load(di, code + i);
-          hn::Store(SearchStep(c, Lookup16(probe[j], c), hn::Load(df, yb + i), 4 >> j), di, code + i);
+          hn::Store(SearchStep(c, lookup16(probe[j], c), hn::Load(df, yb + i), 4 >> j), di, code + i);
         }
       step = 8;
     }

@@ -91,6 +91,31 @@ namespace lbopt::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// 16 floats (a 4-bit codebook), padded to a whole vector of any width.
+struct Table16 {
+  static constexpr int kPad = HWY_MAX_BYTES / 4 > 16 ? HWY_MAX_BYTES / 4 : 16;
+  HWY_ALIGN float t[kPad];
+  void fill(const float* src) {
+    for (int c = 0; c < kPad; ++c) t[c] = src[c < 15 ? c : 15];
+  }
+};
+
+// tab[index]: one register permute where a vector holds 16 floats (AVX-512), two and a select where it holds 8
+// (AVX2), a gather on narrower vectors. The table is read as a memory operand of the permute.
+HWY_INLINE hn::Vec<hn::ScalableTag<float>> lookup16(const Table16& tab, hn::Vec<hn::ScalableTag<int32_t>> index) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const size_t n = hn::Lanes(df);
+  if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
+  if (n == 8) {
+    const auto lane = hn::IndicesFromVec(df, hn::And(index, hn::Set(di, 7)));
+    const auto high = hn::RebindMask(df, hn::Gt(index, hn::Set(di, 7)));
+    return hn::IfThenElse(high, hn::TableLookupLanes(hn::Load(df, tab.t + 8), lane),
+                          hn::TableLookupLanes(hn::Load(df, tab.t), lane));
+  }
+  return hn::GatherIndex(df, tab.t, index);
+}
+
 namespace encode4 {
 // t[index] for index < 8 from a table padded to 16 entries: one permute on AVX2 and AVX-512, a gather elsewhere.
 template <class DI>

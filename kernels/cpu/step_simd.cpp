@@ -46,31 +46,6 @@ using DU8 = hn::Rebind<uint8_t, DF>;
 using DU64 = hn::Repartition<uint64_t, DU>;
 
 constexpr int kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // an upper bound, also for scalable vectors
-constexpr int kTablePad = kMaxLanes > 16 ? kMaxLanes : 16;
-
-// A 4-bit codebook, padded to a whole vector.
-struct Table16 {
-  HWY_ALIGN float t[kTablePad];
-  void fill(const float* src) {
-    for (int c = 0; c < kTablePad; ++c) t[c] = src[c < 15 ? c : 15];
-  }
-};
-
-// tab[index]: one register permute where a vector holds 16 floats (AVX-512), two and a select where it holds 8
-// (AVX2), a gather on narrower vectors. The table is read as a memory operand of the permute.
-HWY_INLINE VF lookup16(const Table16& tab, VI index) {
-  const DF df;
-  const DI di;
-  const size_t n = hn::Lanes(df);
-  if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
-  if (n == 8) {
-    const auto lane = hn::IndicesFromVec(df, hn::And(index, hn::Set(di, 7)));
-    const auto high = hn::RebindMask(df, hn::Gt(index, hn::Set(di, 7)));
-    return hn::IfThenElse(high, hn::TableLookupLanes(hn::Load(df, tab.t + 8), lane),
-                          hn::TableLookupLanes(hn::Load(df, tab.t), lane));
-  }
-  return hn::GatherIndex(df, tab.t, index);
-}
 
 // quant.h's fp8_e4m3_encode for finite y: nearest even, saturating at 448, subnormals in steps of 2^-9.
 HWY_INLINE VU fp8_encode(VF y) {
@@ -144,7 +119,7 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
 // decode_vec's 4-bit table for a block of scale `scale`.
 HWY_INLINE void scale_table(const SimdCodec& sc, float scale, Table16& scaled) {
   const DF df;
-  for (int c = 0; c < kTablePad; c += int(hn::Lanes(df)))
+  for (int c = 0; c < Table16::kPad; c += int(hn::Lanes(df)))
     hn::Store(hn::Mul(hn::Load(df, sc.values.t + c), hn::Set(df, scale)), df, scaled.t + c);
 }
 

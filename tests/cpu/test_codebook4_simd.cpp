@@ -8,31 +8,16 @@
 #include <hwy/highway.h>
 
 #include "kernels/cpu/codebook4-inl.h"
+#include "tests/cpu/exhaustive_encode-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace lbopt::cpu {
 namespace HWY_NAMESPACE {
 
-// exhaustive::EncodeFn's contract, for one vector width.
-template <class DF>
-HWY_INLINE void EncodeMagsWith(DF df, uint32_t mag0, uint32_t count, int is_signed, int32_t* out) {
-  const hn::RebindToSigned<DF> di;
-  const hn::RebindToUnsigned<DF> du;
-  const size_t n = hn::Lanes(df);
-  HWY_ALIGN int32_t pos[HWY_MAX_BYTES / 4], neg[HWY_MAX_BYTES / 4];
-  const auto encode = [&](hn::Vec<DF> y) HWY_ATTR { return is_signed ? Encode4Signed(df, y) : Encode4Linear(df, y); };
-  for (uint32_t i = 0; i < count; i += uint32_t(n)) {
-    const auto bits = hn::Iota(du, mag0 + i);
-    hn::Store(encode(hn::BitCast(df, bits)), di, pos);
-    hn::Store(encode(hn::BitCast(df, hn::Or(bits, hn::Set(du, 0x80000000u)))), di, neg);
-    for (size_t k = 0; k < n; ++k) out[2 * (i + k)] = pos[k], out[2 * (i + k) + 1] = neg[k];
-  }
-}
-
 void EncodeMags(uint32_t mag0, uint32_t count, int is_signed, int lanes, int32_t* out) {
-  if (lanes == 8) return EncodeMagsWith(hn::CappedTag<float, 8>(), mag0, count, is_signed, out);
-  if (lanes == 4) return EncodeMagsWith(hn::CappedTag<float, 4>(), mag0, count, is_signed, out);
-  EncodeMagsWith(hn::ScalableTag<float>(), mag0, count, is_signed, out);
+  EncodeMagsAt(lanes, mag0, count, [is_signed](auto df, auto y) HWY_ATTR {
+    return is_signed ? Encode4Signed(df, y) : Encode4Linear(df, y);
+  }, out);
 }
 
 int64_t CompiledTarget() { return HWY_TARGET; }

@@ -8,31 +8,15 @@
 #include <hwy/highway.h>
 
 #include "kernels/cpu/codebook8_arith-inl.h"
+#include "tests/cpu/exhaustive_encode-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace lbopt::cpu {
 namespace HWY_NAMESPACE {
 
-// exhaustive::EncodeFn's contract, for one vector width.
-template <class DF>
-HWY_INLINE void EncodeMagsWith(DF df, uint32_t mag0, uint32_t count, const Encode8Tables& t, int32_t* out) {
-  const hn::RebindToSigned<DF> di;
-  const hn::RebindToUnsigned<DF> du;
-  const size_t n = hn::Lanes(df);
-  HWY_ALIGN int32_t pos[HWY_MAX_BYTES / 4], neg[HWY_MAX_BYTES / 4];
-  for (uint32_t i = 0; i < count; i += uint32_t(n)) {
-    const auto bits = hn::Iota(du, mag0 + i);
-    hn::Store(Encode8Arith(df, hn::BitCast(df, bits), t), di, pos);
-    hn::Store(Encode8Arith(df, hn::BitCast(df, hn::Or(bits, hn::Set(du, 0x80000000u))), t), di, neg);
-    for (size_t k = 0; k < n; ++k) out[2 * (i + k)] = pos[k], out[2 * (i + k) + 1] = neg[k];
-  }
-}
-
 void EncodeMags(uint32_t mag0, uint32_t count, int is_signed, int lanes, int32_t* out) {
   const Encode8Tables& t = is_signed ? kEncode8Signed : kEncode8Unsigned;
-  if (lanes == 8) return EncodeMagsWith(hn::CappedTag<float, 8>(), mag0, count, t, out);
-  if (lanes == 4) return EncodeMagsWith(hn::CappedTag<float, 4>(), mag0, count, t, out);
-  EncodeMagsWith(hn::ScalableTag<float>(), mag0, count, t, out);
+  EncodeMagsAt(lanes, mag0, count, [&t](auto df, auto y) HWY_ATTR { return Encode8Arith(df, y, t); }, out);
 }
 
 int64_t CompiledTarget() { return HWY_TARGET; }

@@ -146,37 +146,9 @@ struct Setup {
   }
 
   // --- helpers for mutations ---
-  void randomize(Buffer& b) {
-    for (uint8_t& c : b.storage) c = uint8_t(1 + rng() % 255);
-  }
-  // Valid, finite, non-zero values in the view of b (after a mutation moved it, too).
-  void fill(Buffer& b, bool nonneg = false) {
-    const int64_t n = b.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t sign = nonneg ? 0u : uint32_t(rng() & 1u);
-      if (b.t.dtype.code == kDLFloat && b.t.dtype.bits == 32) {
-        const float mag = 0.05f + float(rng() % 1000) / 500.0f;
-        b.as<float>()[i] = sign ? -mag : mag;
-      } else if (b.t.dtype.code == kDLBfloat && b.t.dtype.bits == 16) {
-        b.as<uint16_t>()[i] = uint16_t(sign << 15 | (120u + rng() % 11) << 7 | (rng() & 0x7fu));
-      } else if (b.t.dtype.code == kDLFloat && b.t.dtype.bits == 16) {
-        b.as<uint16_t>()[i] = uint16_t(sign << 15 | (10u + rng() % 11) << 10 | (rng() & 0x3ffu));
-      } else {
-        b.as<uint8_t>()[i] = uint8_t(1 + rng() % 255);
-      }
-    }
-  }
-  void fill_state(State& st, bool nonneg) {
-    fill(*st.codes, nonneg);
-    if (kind == LBOPT_STATE_FP8) {
-      for (int64_t i = 0; i < st.codes->numel(); ++i) {
-        uint8_t& c = st.codes->as<uint8_t>()[i];
-        if ((c & 0x7f) == 0x7f) c = uint8_t(c & 0xfe);  // no NaN codes
-        if (nonneg) c = uint8_t(c & 0x7f);
-      }
-    }
-    if (st.scales) fill(*st.scales, true);
-  }
+  void randomize(Buffer& b) { test::randomize(b, rng); }
+  void fill(Buffer& b, bool nonneg = false) { fill_valid(b, rng, nonneg); }
+  void fill_state(State& st, bool nonneg) { fill_valid_state(st, kind, rng, nonneg); }
   Buffer& add(DLDataType dtype, std::vector<int64_t> shape) {
     extra.emplace_back(dtype, std::move(shape));
     randomize(extra.back());

@@ -9,7 +9,6 @@
 //     lbopt_optimizer_states / lbopt_step_capturable (status, message naming the field, not one byte written);
 //   * lbopt_optimizer_states and lbopt_optimizer_config_init.
 #include <doctest/doctest.h>
-#include <hwy/targets.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "simd_targets.h"
 
 using namespace test;
 
@@ -535,10 +535,7 @@ std::vector<SimdCase> simd_cases() {
 
 TEST_SUITE("optimizers") {
   TEST_CASE("SIMD kernels reproduce the portable kernels bit for bit: every optimizer, kind, dtype, instruction set") {
-    setenv("LBOPT_CPU_KERNELS", "portable", 1);
-    CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"portable\"") != std::string::npos);
-    const std::vector<SimdCase> portable = simd_cases();
-    unsetenv("LBOPT_CPU_KERNELS");
+    const std::vector<SimdCase> portable = with_portable_kernels(simd_cases);
     // the cases differ from each other (a digest that ignored the optimizer or kind would not)
     std::vector<uint64_t> distinct;
     for (const SimdCase& c : portable) distinct.push_back(c.digest);
@@ -546,14 +543,7 @@ TEST_SUITE("optimizers") {
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     MESSAGE(portable.size(), " cases, ", distinct.size(), " distinct digests");
     CHECK(distinct.size() * 10 >= portable.size() * 9);
-    const int64_t supported = hwy::SupportedTargets();
-    int tried = 0;
-    for (int64_t target : {int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_SSE4), int64_t(HWY_NEON)}) {
-      if (!(supported & target)) continue;
-      hwy::SetSupportedTargetsForTest(target);
-      const std::string name = hwy::TargetName(target);
-      CAPTURE(name);
-      CHECK(std::string(lbopt_build_info()).find("\"cpu_kernels\":\"" + name + "\"") != std::string::npos);
+    for_each_simd_target([&](const std::string& name) {
       const std::vector<SimdCase> simd = simd_cases();
       REQUIRE(simd.size() == portable.size());
       int mismatches = 0;
@@ -561,11 +551,7 @@ TEST_SUITE("optimizers") {
         if (simd[i].digest != portable[i].digest && ++mismatches <= 10)
           MESSAGE("differs from portable on ", name, ": ", simd[i].name);
       CHECK(mismatches == 0);
-      ++tried;
-    }
-    hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
-    MESSAGE("instruction sets compared with the portable kernels: ", tried);
-    CHECK(tried >= 1);
+    });
   }
 }
 
@@ -607,24 +593,21 @@ TEST_SUITE("optimizers") {
           fill_slot(a, 7 + uint64_t(k), skip);
           fill_slot(b, 7 + uint64_t(k), skip);
           REQUIRE(a.digest() == b.digest());
+          const auto set = [&](auto& c) {  // the same fields in both structs
+            c.state_kind = kind;
+            c.flags = flags;
+            c.beta1 = 0.8;
+            c.beta2 = 0.99;
+            c.eps = 1e-7;
+            c.weight_decay = 0.05;
+            c.seed = 1234;
+          };
           lbopt_adamw_config ac;
           REQUIRE(lbopt_adamw_config_init(&ac, sizeof ac) == LBOPT_OK);
-          ac.state_kind = kind;
-          ac.flags = flags;
-          ac.beta1 = 0.8;
-          ac.beta2 = 0.99;
-          ac.eps = 1e-7;
-          ac.weight_decay = 0.05;
-          ac.seed = 1234;
+          set(ac);
           lbopt_optimizer_config gc;
           REQUIRE(lbopt_optimizer_config_init(&gc, sizeof gc, LBOPT_OPTIMIZER_ADAMW) == LBOPT_OK);
-          gc.state_kind = kind;
-          gc.flags = flags;
-          gc.beta1 = 0.8;
-          gc.beta2 = 0.99;
-          gc.eps = 1e-7;
-          gc.weight_decay = 0.05;
-          gc.seed = 1234;
+          set(gc);
           // options: grad_scale 4 (exact reciprocal) and a skipped array on each side
           Buffer gs_a(f32(), {1}), gs_b(f32(), {1}), sk_a(u8(), {1}), sk_b(u8(), {1});
           gs_a.as<float>()[0] = gs_b.as<float>()[0] = 4.0f;
@@ -805,35 +788,9 @@ struct Setup {
     return h;
   }
 
-  void randomize(Buffer& b) {
-    for (uint8_t& c : b.storage) c = uint8_t(1 + rng() % 255);
-  }
-  void fill(Buffer& b, bool nonneg = false) {
-    for (int64_t i = 0; i < b.numel(); ++i) {
-      const uint32_t sign = nonneg ? 0u : uint32_t(rng() & 1u);
-      if (b.t.dtype.code == kDLFloat && b.t.dtype.bits == 32) {
-        const float mag = 0.05f + float(rng() % 1000) / 500.0f;
-        b.as<float>()[i] = sign ? -mag : mag;
-      } else if (b.t.dtype.code == kDLBfloat) {
-        b.as<uint16_t>()[i] = uint16_t(sign << 15 | (120u + rng() % 11) << 7 | (rng() & 0x7fu));
-      } else if (b.t.dtype.code == kDLFloat && b.t.dtype.bits == 16) {
-        b.as<uint16_t>()[i] = uint16_t(sign << 15 | (10u + rng() % 11) << 10 | (rng() & 0x3ffu));
-      } else {
-        b.as<uint8_t>()[i] = uint8_t(1 + rng() % 255);
-      }
-    }
-  }
-  void fill_state(State& s, lbopt_moment moment) {
-    const bool nonneg = moment == LBOPT_MOMENT_SECOND;
-    fill(*s.codes, nonneg);
-    if (kind == LBOPT_STATE_FP8)
-      for (int64_t i = 0; i < s.codes->numel(); ++i) {
-        uint8_t& c = s.codes->as<uint8_t>()[i];
-        if ((c & 0x7f) == 0x7f) c = uint8_t(c & 0xfe);  // no NaN codes
-        if (nonneg) c = uint8_t(c & 0x7f);
-      }
-    if (s.scales) fill(*s.scales, true);
-  }
+  void randomize(Buffer& b) { test::randomize(b, rng); }
+  void fill(Buffer& b, bool nonneg = false) { fill_valid(b, rng, nonneg); }
+  void fill_state(State& s, lbopt_moment moment) { fill_valid_state(s, kind, rng, moment == LBOPT_MOMENT_SECOND); }
   Buffer& add(DLDataType dtype, std::vector<int64_t> shape) {
     extra.push_back(std::make_unique<Buffer>(dtype, std::move(shape)));
     randomize(*extra.back());

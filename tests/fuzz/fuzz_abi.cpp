@@ -736,6 +736,48 @@ const char* kSlotNames[4][8] = {
     {"slots[3].param", "slots[3].grad", "slots[3].m.codes", "slots[3].m.scales", "slots[3].v.codes",
      "slots[3].v.scales", "slots[3].vmax.codes", "slots[3].vmax.scales"}};
 
+// Slot i's struct size and step count, and its param and grad tensors (t[0], t[1]); returns its numel.
+template <class Slot>
+int64_t fuzz_slot_head(Ctx& c, size_t i, const char* const* nm, Slot& slot, int* t) {
+  const uint8_t sm = c.r.u8();
+  slot.struct_size = sm & 1 ? uint32_t(fuzz_i64(c.r, sizeof(Slot) - 8)) : sizeof(Slot);
+  slot.step = fuzz_i64(c.r, int64_t(1 + i));
+  const int64_t numel = fuzz_numel(c.r, 300 - 90 * int64_t(i));
+  t[0] = c.tensor(nm[0], Role::kParam, numel, {kF32, kBF16, kF16}, true, true);
+  t[1] = c.tensor(nm[1], Role::kGrad, numel, {kBF16, kF32, kF16}, true, false, t[0]);
+  return numel;
+}
+
+// The options struct of a step call (cm: the call's fault bits) and the tensors it and a capturable step's lr and
+// step point to: declared before c.materialize(), pointed to after it.
+struct StepExtras {
+  lbopt_step_options opts;
+  int grad_scale = -1, lr = -1, step = -1;
+
+  void declare(Ctx& c, uint8_t cm, size_t n_slots, bool capturable) {
+    if (lbopt_step_options_init(&opts, sizeof opts) != LBOPT_OK) abort();
+    if (cm & 0x10) opts.struct_size = uint32_t(fuzz_i64(c.r, sizeof opts - 8));
+    grad_scale = c.tensor("options.grad_scale", Role::kGradScale, 1, {kF32}, true, false);
+    c.found_inf = c.tensor("options.found_inf", Role::kFoundInf, 1, {kF32}, true, false);
+    c.skipped = c.tensor("options.skipped", Role::kSkipped, int64_t(n_slots), {kU8}, true, true);
+    if (capturable) {
+      lr = c.tensor("lr", Role::kLr, 1, {kF32, kF64}, true, false);
+      step = c.tensor("step", Role::kStep, 1, {kI64, kF32}, true, false);
+    }
+  }
+
+  void bind(Ctx& c, uint8_t cm) {
+    opts.grad_scale = c.ptr(grad_scale);
+    opts.found_inf = c.ptr(c.found_inf);
+    opts.skipped = c.ptr(c.skipped);
+    opts.stream = c.stream;
+    if (cm & 0x08) {  // options NULL: its tensors are not part of the call (their blocks must still stay intact)
+      for (int i : {grad_scale, c.found_inf, c.skipped}) c.tens[size_t(i)].present = false;
+      c.found_inf = c.skipped = -1;
+    }
+  }
+};
+
 void run_step(Ctx& c, bool capturable) {
   Reader& r = c.r;
   c.entry = capturable ? "lbopt_adamw_step_capturable" : "lbopt_adamw_step";
@@ -764,29 +806,15 @@ void run_step(Ctx& c, bool capturable) {
   lbopt_adamw_slot slots[4] = {};
   int idx[4][8];
   for (size_t i = 0; i < n; ++i) {
-    const uint8_t sm = r.u8();
-    slots[i].struct_size = sm & 1 ? uint32_t(fuzz_i64(r, sizeof(lbopt_adamw_slot) - 8)) : sizeof(lbopt_adamw_slot);
-    slots[i].step = fuzz_i64(r, int64_t(1 + i));
-    const int64_t numel = fuzz_numel(r, 300 - 90 * int64_t(i));
     const char* const* nm = kSlotNames[i];
     int* t = idx[i];
-    t[0] = c.tensor(nm[0], Role::kParam, numel, {kF32, kBF16, kF16}, true, true);
-    t[1] = c.tensor(nm[1], Role::kGrad, numel, {kBF16, kF32, kF16}, true, false, t[0]);
+    const int64_t numel = fuzz_slot_head(c, i, nm, slots[i], t);
     state_tensors(c, nm[2], nm[3], kind, numel, true, true, false, &t[2], &t[3]);
     state_tensors(c, nm[4], nm[5], kind, numel, true, true, true, &t[4], &t[5]);
     state_tensors(c, nm[6], nm[7], kind, numel, amsgrad, true, true, &t[6], &t[7]);
   }
-  lbopt_step_options opts;
-  if (lbopt_step_options_init(&opts, sizeof opts) != LBOPT_OK) abort();
-  if (cm & 0x10) opts.struct_size = uint32_t(fuzz_i64(r, sizeof opts - 8));
-  const int gs = c.tensor("options.grad_scale", Role::kGradScale, 1, {kF32}, true, false);
-  c.found_inf = c.tensor("options.found_inf", Role::kFoundInf, 1, {kF32}, true, false);
-  c.skipped = c.tensor("options.skipped", Role::kSkipped, int64_t(n), {kU8}, true, true);
-  int lr_t = -1, step_t = -1;
-  if (capturable) {
-    lr_t = c.tensor("lr", Role::kLr, 1, {kF32, kF64}, true, false);
-    step_t = c.tensor("step", Role::kStep, 1, {kI64, kF32}, true, false);
-  }
+  StepExtras extra;
+  extra.declare(c, cm, n, capturable);
   c.materialize();
 
   for (size_t i = 0; i < n; ++i) {
@@ -797,14 +825,8 @@ void run_step(Ctx& c, bool capturable) {
     slots[i].v = {c.ptr(t[4]), c.ptr(t[5])};
     slots[i].vmax = {c.ptr(t[6]), c.ptr(t[7])};
   }
-  opts.grad_scale = c.ptr(gs);
-  opts.found_inf = c.ptr(c.found_inf);
-  opts.skipped = c.ptr(c.skipped);
-  opts.stream = c.stream;
-  if (cm & 0x08) {  // options NULL: its tensors are not part of the call (their blocks must still stay intact)
-    for (int i : {gs, c.found_inf, c.skipped}) c.tens[size_t(i)].present = false;
-    c.found_inf = c.skipped = -1;
-  }
+  extra.bind(c, cm);
+  lbopt_step_options& opts = extra.opts;
 
   const lbopt_adamw_config cfg_before = cfg;
   lbopt_adamw_slot slots_before[4];
@@ -824,7 +846,7 @@ void run_step(Ctx& c, bool capturable) {
     verdict = lbopt_last_error();
   }
   const lbopt_status st =
-      capturable ? lbopt_adamw_step_capturable(cfg_arg, c.ptr(lr_t), c.ptr(step_t), slots_arg, n, opts_arg)
+      capturable ? lbopt_adamw_step_capturable(cfg_arg, c.ptr(extra.lr), c.ptr(extra.step), slots_arg, n, opts_arg)
                  : lbopt_adamw_step(cfg_arg, lr, slots_arg, n, opts_arg);
   if (!capturable && (st != validated || verdict != lbopt_last_error()))
     c.die(st, "lbopt_adamw_step_validate said %d (\"%s\"), the step %d", int(validated), verdict.c_str(), int(st));
@@ -932,29 +954,15 @@ void run_generic_step(Ctx& c, bool capturable) {
   lbopt_slot slots[4] = {};
   int idx[4][8];
   for (size_t i = 0; i < n; ++i) {
-    const uint8_t sm = r.u8();
-    slots[i].struct_size = sm & 1 ? uint32_t(fuzz_i64(r, sizeof(lbopt_slot) - 8)) : sizeof(lbopt_slot);
-    slots[i].step = fuzz_i64(r, int64_t(1 + i));
-    const int64_t numel = fuzz_numel(r, 300 - 90 * int64_t(i));
     const char* const* nm = kGenericSlotNames[i];
     int* t = idx[i];
-    t[0] = c.tensor(nm[0], Role::kParam, numel, {kF32, kBF16, kF16}, true, true);
-    t[1] = c.tensor(nm[1], Role::kGrad, numel, {kBF16, kF32, kF16}, true, false, t[0]);
+    const int64_t numel = fuzz_slot_head(c, i, nm, slots[i], t);
     for (int k = 0; k < LBOPT_MAX_STATES; ++k)
       state_tensors(c, nm[2 + 2 * k], nm[3 + 2 * k], kind, numel, k < n_states, true,
                     model_second_moment(optimizer, k), &t[2 + 2 * k], &t[3 + 2 * k]);
   }
-  lbopt_step_options opts;
-  if (lbopt_step_options_init(&opts, sizeof opts) != LBOPT_OK) abort();
-  if (cm & 0x10) opts.struct_size = uint32_t(fuzz_i64(r, sizeof opts - 8));
-  const int gs = c.tensor("options.grad_scale", Role::kGradScale, 1, {kF32}, true, false);
-  c.found_inf = c.tensor("options.found_inf", Role::kFoundInf, 1, {kF32}, true, false);
-  c.skipped = c.tensor("options.skipped", Role::kSkipped, int64_t(n), {kU8}, true, true);
-  int lr_t = -1, step_t = -1;
-  if (capturable) {
-    lr_t = c.tensor("lr", Role::kLr, 1, {kF32, kF64}, true, false);
-    step_t = c.tensor("step", Role::kStep, 1, {kI64, kF32}, true, false);
-  }
+  StepExtras extra;
+  extra.declare(c, cm, n, capturable);
   c.materialize();
 
   for (size_t i = 0; i < n; ++i) {
@@ -963,14 +971,8 @@ void run_generic_step(Ctx& c, bool capturable) {
     slots[i].grad = c.ptr(t[1]);
     for (int k = 0; k < LBOPT_MAX_STATES; ++k) slots[i].states[k] = {c.ptr(t[2 + 2 * k]), c.ptr(t[3 + 2 * k])};
   }
-  opts.grad_scale = c.ptr(gs);
-  opts.found_inf = c.ptr(c.found_inf);
-  opts.skipped = c.ptr(c.skipped);
-  opts.stream = c.stream;
-  if (cm & 0x08) {  // options NULL: its tensors are not part of the call (their blocks must still stay intact)
-    for (int i : {gs, c.found_inf, c.skipped}) c.tens[size_t(i)].present = false;
-    c.found_inf = c.skipped = -1;
-  }
+  extra.bind(c, cm);
+  lbopt_step_options& opts = extra.opts;
 
   const lbopt_optimizer_config cfg_before = cfg;
   lbopt_slot slots_before[4];
@@ -1015,12 +1017,12 @@ void run_generic_step(Ctx& c, bool capturable) {
     validated = lbopt_step_validate(cfg_arg, lr, slots_arg, n, opts_arg);
     verdict = lbopt_last_error();
   }
-  const lbopt_status st = capturable ? lbopt_step_capturable(cfg_arg, c.ptr(lr_t), c.ptr(step_t), slots_arg, n, opts_arg)
+  const lbopt_status st = capturable ? lbopt_step_capturable(cfg_arg, c.ptr(extra.lr), c.ptr(extra.step), slots_arg, n, opts_arg)
                                      : lbopt_step(cfg_arg, lr, slots_arg, n, opts_arg);
   if (!capturable && (st != validated || verdict != lbopt_last_error()))
     c.die(st, "lbopt_step_validate said %d (\"%s\"), the step %d", int(validated), verdict.c_str(), int(st));
   // (the capturable step names a NULL lr or step tensor before anything else)
-  const bool config_first = !capturable || (c.ptr(lr_t) && c.ptr(step_t));
+  const bool config_first = !capturable || (c.ptr(extra.lr) && c.ptr(extra.step));
   if (config_first && config_validated != LBOPT_OK && (st != config_validated || config_verdict != lbopt_last_error()))
     c.die(st, "lbopt_optimizer_config_validate said %d (\"%s\"), the step %d", int(config_validated),
           config_verdict.c_str(), int(st));

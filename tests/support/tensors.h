@@ -76,4 +76,44 @@ struct State {
   lbopt_state view() const { return {&codes->t, scales ? &scales->t : nullptr}; }
 };
 
+// Every byte of b's storage (slack included) non-zero and random: what a test starts from before it writes the
+// values a call reads, so that a read past them is a difference.
+template <class Rng>
+void randomize(Buffer& b, Rng& rng) {
+  for (uint8_t& c : b.storage) c = uint8_t(1 + rng() % 255);
+}
+
+// Valid, finite, non-zero values in the view of b (after a mutation moved it, too): floats of magnitude 0.05 to 2.05
+// (non-negative with nonneg), any non-zero byte in other dtypes.
+template <class Rng>
+void fill_valid(Buffer& b, Rng& rng, bool nonneg = false) {
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const uint32_t sign = nonneg ? 0u : uint32_t(rng() & 1u);
+    if (b.t.dtype.code == kDLFloat && b.t.dtype.bits == 32) {
+      const float mag = 0.05f + float(rng() % 1000) / 500.0f;
+      b.as<float>()[i] = sign ? -mag : mag;
+    } else if (b.t.dtype.code == kDLBfloat && b.t.dtype.bits == 16) {
+      b.as<uint16_t>()[i] = uint16_t(sign << 15 | (120u + rng() % 11) << 7 | (rng() & 0x7fu));
+    } else if (b.t.dtype.code == kDLFloat && b.t.dtype.bits == 16) {
+      b.as<uint16_t>()[i] = uint16_t(sign << 15 | (10u + rng() % 11) << 10 | (rng() & 0x3ffu));
+    } else {
+      b.as<uint8_t>()[i] = uint8_t(1 + rng() % 255);
+    }
+  }
+}
+
+// A state of `kind` filled as fill_valid (positive scales), its FP8 codes without NaN and, for a second moment
+// (nonneg), without sign.
+template <class Rng>
+void fill_valid_state(State& st, lbopt_state_kind kind, Rng& rng, bool nonneg) {
+  fill_valid(*st.codes, rng, nonneg);
+  if (kind == LBOPT_STATE_FP8)
+    for (int64_t i = 0; i < st.codes->numel(); ++i) {
+      uint8_t& c = st.codes->as<uint8_t>()[i];
+      if ((c & 0x7f) == 0x7f) c = uint8_t(c & 0xfe);  // no NaN codes
+      if (nonneg) c = uint8_t(c & 0x7f);
+    }
+  if (st.scales) fill_valid(*st.scales, rng, true);
+}
+
 }  // namespace test

@@ -1,6 +1,9 @@
 // The generic step (lbopt_step) through the safe API: SGD (momentum, Nesterov, plain), Lion and AdEMAMix with fp32
 // states against double-precision references of their equations, 4-bit runs against the fp32 ones, refused configs,
 // and the names, states and defaults the library gives.
+mod common;
+
+use common::data;
 use lbopt::{
     step, step_validate, Moment, Optim, Optimizer, OptimizerConfig, Slot, StateBuffer, StateInfo, StateKind,
     STATUS_BINDING,
@@ -9,16 +12,6 @@ use lbopt::{
 const N: usize = 3000; // not a multiple of the 4-bit block (128) nor of the 8-bit one (256)
 const STEPS: usize = 20;
 const LBOPT_ERR_INVALID_VALUE: i32 = 3;
-
-fn data(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-            ((s >> 8) as f32 / 16777216.0 - 0.5) * scale
-        })
-        .collect()
-}
 
 /// Params of either sign and magnitude in [1.55, 1.95], far from 0 for the steps below (a relative comparison), in
 /// the upper part of their binade (the f32 rounding of each step is at most 2^-24 / 1.55 relative).

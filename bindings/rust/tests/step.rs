@@ -1,16 +1,9 @@
 // The safe wrapper against direct calls of the C ABI on the same data, error propagation, and bf16 training.
+mod common;
+
+use common::data;
 use lbopt::ffi;
 use lbopt::{AdamW, StateKind};
-
-fn data(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-            ((s >> 8) as f32 / 16777216.0 - 0.5) * scale
-        })
-        .collect()
-}
 
 /// The same steps through raw FFI calls, as a C program would make them.
 fn c_steps(kind: i32, p: &mut [f32], g: &[f32], lrs: &[f64]) {
