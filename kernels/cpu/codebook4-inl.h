@@ -100,11 +100,20 @@ struct Table16 {
   }
 };
 
-// tab[index]: one register permute where a vector holds 16 floats (AVX-512), two and a select where it holds 8
-// (AVX2), a gather on narrower vectors. The table is read as a memory operand of the permute.
+// tab[index & 15]: one register permute where a vector holds 16 floats (AVX-512), two and a select where it holds
+// 8 (AVX2), a gather on narrower vectors. The table is read as a memory operand of the permute. On x86 the bits
+// above the low 4 cost nothing: the permutes read only the low bits, and AVX2's select reads bit 3 as a sign.
 HWY_INLINE hn::Vec<hn::ScalableTag<float>> lookup16(const Table16& tab, hn::Vec<hn::ScalableTag<int32_t>> index) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return hn::Vec<decltype(df)>{_mm512_permutexvar_ps(index.raw, hn::Load(df, tab.t).raw)};
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  const auto low = _mm256_permutevar8x32_ps(hn::Load(df, tab.t).raw, index.raw);
+  const auto high = _mm256_permutevar8x32_ps(hn::Load(df, tab.t + 8).raw, index.raw);
+  return hn::Vec<decltype(df)>{_mm256_blendv_ps(low, high, _mm256_castsi256_ps(hn::ShiftLeft<28>(index).raw))};
+#endif
+  index = hn::And(index, hn::Set(di, 15));
   const size_t n = hn::Lanes(df);
   if (n >= 16) return hn::TableLookupLanes(hn::Load(df, tab.t), hn::IndicesFromVec(df, index));
   if (n == 8) {

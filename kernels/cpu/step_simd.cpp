@@ -96,10 +96,21 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
   const DF df;
   const DU du;
   if (kKind == kState4Bit) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+    // x86: the lanes / 2 bytes broadcast to every 128-bit block (the load does it), a byte shuffle gives lane j
+    // byte j / 2, the shift brings its nibble down, and lookup16 reads only the low 4 bits (4-bit AdamW 4%)
+    using Raw = hn::Repartition<std::conditional_t<kMaxLanes >= 16, uint64_t, uint32_t>, DU>;
+    typename hn::TFromD<Raw> raw;
+    memcpy(&raw, codes + i / 2, sizeof raw);
+    const auto pick = hn::BitCast(hn::Repartition<uint8_t, DU>(), hn::Or(hn::ShiftRight<1>(hn::Iota(du, 0)),
+                                                                        hn::Set(du, 0x80808000u)));
+    const auto bytes = hn::TableLookupBytesOr0(hn::BitCast(hn::Repartition<uint8_t, DU>(), hn::Set(Raw(), raw)), pick);
+    return lookup16(scaled, hn::BitCast(DI(), hn::Shr(hn::BitCast(du, bytes), nibble_shifts())));
+#else
     const auto pairs = hn::ZeroExtendVector(DU8(), hn::LoadU(hn::Half<DU8>(), codes + i / 2));
-    const auto code = hn::And(hn::Shr(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)), nibble_shifts()),
-                              hn::Set(du, 15u));
+    const auto code = hn::Shr(hn::PromoteTo(du, hn::InterleaveLower(DU8(), pairs, pairs)), nibble_shifts());
     return lookup16(scaled, hn::BitCast(DI(), code));
+#endif
   }
   const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
   if (kKind == kStateFp8) {
@@ -326,16 +337,27 @@ struct BlockState {
   float scale;
 };
 
-template <class Opt, int kKind>
+// What an instantiation of step_blocks fixes at compile time: the dtype of param and grad and the state count, or
+// -1 for "read from the slot". Tensors whose param and grad share a dtype, the common case, get loops of their
+// own: with no dtype or state-count branch left in the vector loop, the compiler keeps its constants in
+// registers (4-bit AdamW 1.18 -> 1.07 ns/elem in cache, AVX-512).
+template <int kDtype, int kStates>
+struct Shape {
+  static constexpr int dtype = kDtype, states = kStates;
+};
+using AnyShape = Shape<-1, -1>;
+
+template <class Opt, int kKind, class S>
 int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   constexpr bool kQuantized = kKind != kStateFp32;
   const int64_t bs = work_block_size(kKind);
-  const int n_states = Opt::states(flags.hyper);
+  const int n_states = S::states >= 0 ? S::states : Opt::states(flags.hyper);
   SimdCodec codec[kMaxStates];
   for (int k = 0; k < n_states; ++k) codec[k].init(host_codec(kKind, Opt::second_moment(k)));
   // Locals, not reads through slot: the byte stores of the codes may alias anything, which would force reloads.
   const typename Opt::Scalars s = slot.scalars.template get<Opt>();
-  const Dtype pdt = slot.param_dtype, gdt = slot.grad_dtype;
+  const Dtype pdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.param_dtype;
+  const Dtype gdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.grad_dtype;
   void* const param = slot.param;
   const void* const grad = slot.grad;
   StateRef st[kMaxStates];
@@ -485,10 +507,33 @@ HWY_INLINE int64_t on_whole_blocks(int kind, int64_t numel, int64_t b0, int64_t 
   }
 }
 
+// f(std::integral_constant<int, n>) for n in [kLo, kHi].
+template <int kLo, int kHi, class F>
+HWY_INLINE int64_t with_state_count(int n, const F& f) {
+  if constexpr (kLo < kHi)
+    if (n != kLo) return with_state_count<kLo + 1, kHi>(n, f);
+  return f(std::integral_constant<int, kLo>());
+}
+
+// step_blocks of the Shape that fits the slot.
+template <class Opt, int kKind>
+int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  const auto fixed = [&](auto dtype) HWY_ATTR {
+    return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
+      return step_blocks<Opt, kKind, Shape<decltype(dtype)::value, decltype(n)::value>>(slot, flags, b0, b1);
+    });
+  };
+  if (slot.param_dtype == slot.grad_dtype) {
+    if (slot.param_dtype == kFloat32) return fixed(std::integral_constant<int, kFloat32>());
+    if (slot.param_dtype == kBfloat16) return fixed(std::integral_constant<int, kBfloat16>());
+  }
+  return step_blocks<Opt, kKind, AnyShape>(slot, flags, b0, b1);
+}
+
 int64_t StepFullBlocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   return with_optimizer(flags.hyper.optimizer, [&](auto opt) HWY_ATTR {
     return on_whole_blocks(flags.kind, slot.numel, b0, b1, [&](auto kind, int64_t end) HWY_ATTR {
-      return step_blocks<decltype(opt), decltype(kind)::value>(slot, flags, b0, end);
+      return step_shaped<decltype(opt), decltype(kind)::value>(slot, flags, b0, end);
     });
   });
 }

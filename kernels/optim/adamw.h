@@ -9,6 +9,7 @@ namespace lbopt {
 
 struct AdamW {
   static constexpr const char* kName = "adamw";
+  static constexpr int kMinStates = 2;  // states(h)'s least value
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   LBOPT_HD static bool second_moment(int i) { return i > 0; }  // v and vmax

@@ -10,6 +10,7 @@ namespace lbopt {
 
 struct AdEMAMix {
   static constexpr const char* kName = "ademamix";
+  static constexpr int kMinStates = 3;  // states(h)'s least value
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};
   LBOPT_HD static bool second_moment(int i) { return i == 2; }  // nu

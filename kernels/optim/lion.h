@@ -9,6 +9,7 @@ namespace lbopt {
 
 struct Lion {
   static constexpr const char* kName = "lion";
+  static constexpr int kMinStates = 1;  // states(h)'s least value
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg"};
   LBOPT_HD static bool second_moment(int) { return false; }

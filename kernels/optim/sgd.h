@@ -8,6 +8,7 @@ namespace lbopt {
 
 struct Sgd {
   static constexpr const char* kName = "sgd";
+  static constexpr int kMinStates = 0;  // states(h)'s least value
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"momentum_buffer"};
   LBOPT_HD static bool second_moment(int) { return false; }
