@@ -200,6 +200,28 @@ class BlockEncoder {
       hn::Store(c, di, even_);
       return;
     }
+    uint8_t* const out = codes_ + ((i - n) >> 1);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+    // x86: both vectors packed to 16-bit lanes (per 128-bit block k: lanes 4k .. 4k + 3 of the even vector, then of
+    // this one), each pair of lanes joined by a multiply-add as 16 a + b, and the bytes put in order: 5
+    // instructions for two vectors where the generic form below takes 9 to 11.
+#if HWY_TARGET <= HWY_AVX3
+    const __m512i words = _mm512_packus_epi32(_mm512_load_si512(even_), c.raw);
+    const __m512i joined = _mm512_madd_epi16(words, _mm512_set1_epi32(0x00010010));
+    // joined's lanes 4k .. 4k + 3 hold even-vector pairs 2k, 2k + 1, then this vector's pairs 2k, 2k + 1
+    const __m128i order = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(joined), order));
+#else
+    const __m256i words = _mm256_packus_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(even_)), c.raw);
+    const __m256i joined = _mm256_madd_epi16(words, _mm256_set1_epi32(0x00010010));
+    // per block k: the low byte of each 32-bit lane into bytes 0-3 (even pairs 2k, 2k + 1, then this vector's)
+    const __m256i low = _mm256_shuffle_epi8(
+        joined, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1,
+                                 -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m128i bytes = _mm_unpacklo_epi16(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), bytes);
+#endif
+#else
     // Two vectors of codes make one vector of bytes: shift the even lanes by 4 and OR each lane pair (in its u64)
     // into the even lane, then keep the even lanes of both.
     const auto shift = nibble_shifts();
@@ -208,7 +230,8 @@ class BlockEncoder {
       return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
     };
     const auto bytes = hn::ConcatEven(du, pairs(c), pairs(hn::Load(di, even_)));
-    hn::StoreU(hn::TruncateTo(DU8(), bytes), DU8(), codes_ + ((i - n) >> 1));
+    hn::StoreU(hn::TruncateTo(DU8(), bytes), DU8(), out);
+#endif
   }
 
  private:
