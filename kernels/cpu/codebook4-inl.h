@@ -188,6 +188,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
 // operations replace a division per element (AVX-512 4-bit AdamW 5-7% faster at 16M-64M elements).
 struct Thresholds4 {
   hn::Vec<hn::ScalableTag<float>> first, probe[3];  // the search's tables: T_7, and T shifted by 3, 1 and 0 lanes
+  float r;                                           // RN(16 / s), for code_linear
 
   // The tables for block scale s.
   HWY_INLINE void init(const lbopt::encode4::MidsInX& t, float s) {
@@ -214,6 +215,7 @@ struct Thresholds4 {
     probe[0] = shifted(3);
     probe[1] = shifted(1);
     probe[2] = thresholds;
+    r = 16.0f / s;
   }
 
   // codebook_encode(mids, 16, x / s) per lane, for finite x.
@@ -226,6 +228,19 @@ struct Thresholds4 {
       c = encode4::AddIf(di, hn::RebindMask(di, hn::Le(probe, x)), c, 4 >> j);
     }
     return c;
+  }
+
+  // code(x) for the unsigned map (k + 1) / 16 with one compare instead of the search. Its code of y = RN(x / s) is
+  // max(0, floor(w)), w = 16 y - 0.5 (Encode4Linear). z = RN(x * r - 0.5 - 2^-16) lies in (w - 2^-15, w): r, y and
+  // z each err by at most 2^-20 for |x| <= s, under the 2^-16 taken off. So c' = max(0, trunc(z)) is the code or one
+  // below it, and x >= T_c' (T_15 = +inf) settles which.
+  HWY_INLINE hn::Vec<hn::ScalableTag<int32_t>> code_linear(hn::Vec<hn::ScalableTag<float>> x) const {
+    const hn::ScalableTag<float> df;
+    const hn::RebindToSigned<decltype(df)> di;
+    const auto z = hn::MulAdd(x, hn::Set(df, r), hn::Set(df, -0.5f - 0x1p-16f));
+    const auto c = hn::Max(hn::Vec<decltype(di)>{_mm512_cvttps_epi32(z.raw)}, hn::Zero(di));
+    const auto t = hn::TableLookupLanes(probe[2], hn::IndicesFromVec(df, c));
+    return encode4::AddIf(di, hn::RebindMask(di, hn::Le(t, x)), c, 1);
   }
 };
 #else

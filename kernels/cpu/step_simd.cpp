@@ -156,9 +156,9 @@ class BlockEncoder {
     scale_ = sc.c.scale_for(absmax);
     st.scales[b] = scale_;
 #if LBOPT_ENCODE4_IN_X
+    linear_ = sc.c.mids == codebook::kUnsigned4Mids;
     if (kKind == kState4Bit)
-      thresholds_.init(sc.c.mids == codebook::kSigned4Mids ? lbopt::encode4::kSigned4InX : lbopt::encode4::kUnsigned4InX,
-                       scale_);
+      thresholds_.init(linear_ ? lbopt::encode4::kUnsigned4InX : lbopt::encode4::kSigned4InX, scale_);
 #endif
   }
 
@@ -181,7 +181,7 @@ class BlockEncoder {
       c = Encode8Arith(df, yi, *sc_->map8);
     } else {
 #if LBOPT_ENCODE4_IN_X
-      c = thresholds_.code(xi);
+      c = linear_ ? thresholds_.code_linear(xi) : thresholds_.code(xi);
 #else
       c = sc_->c.mids == codebook::kSigned4Mids ? Encode4Signed(df, yi) : Encode4Linear(df, yi);
 #endif
@@ -241,6 +241,7 @@ class BlockEncoder {
   float scale_ = 0.0f;
 #if LBOPT_ENCODE4_IN_X
   Thresholds4 thresholds_;
+  bool linear_ = false;  // the unsigned map
 #endif
   HWY_ALIGN int32_t even_[kMaxLanes];  // 4-bit: the codes of the last even vector
 };
