@@ -361,6 +361,31 @@ struct BlockState {
   float scale;
 };
 
+// How far ahead of the block being updated step_blocks prefetches, in elements. The step reads and writes up to
+// nine streams at once (param, grad, each state's codes and scales), more than the hardware prefetchers keep far
+// enough ahead: at 64M elements, 2 threads, AVX-512, 4-bit AdamW ran 0.65 -> 0.58 ns/elem with it.
+#ifndef LBOPT_PF
+#define LBOPT_PF 1024
+#endif
+constexpr int64_t kPrefetchAhead = LBOPT_PF;
+
+// Prefetches the bs elements from `at` of param, grad (for reading) and of each state's codes (for writing),
+// if they lie in the tensor.
+HWY_INLINE void prefetch_block(const StepSlot& slot, const StateRef* st, int n_states, int kind, int64_t at,
+                               int64_t bs) {
+  if (at + bs > slot.numel) return;
+  const auto lines = [&](const void* base, int64_t offset, int64_t bytes, auto write) HWY_ATTR {
+    const char* p = static_cast<const char*>(base) + offset;
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, decltype(write)::value);
+  };
+  const int64_t psz = slot.param_dtype == kFloat32 ? 4 : 2, gsz = slot.grad_dtype == kFloat32 ? 4 : 2;
+  lines(slot.param, at * psz, bs * psz, std::integral_constant<int, 1>());
+  lines(slot.grad, at * gsz, bs * gsz, std::integral_constant<int, 0>());
+  const int64_t code_bytes = kind == kState4Bit ? bs / 2 : kind == kStateFp32 ? bs * 4 : bs;
+  for (int k = 0; k < n_states; ++k)
+    lines(st[k].codes, at * code_bytes / bs, code_bytes, std::integral_constant<int, 1>());
+}
+
 // What an instantiation of step_blocks fixes at compile time: the dtype of param and grad and the state count, or
 // -1 for "read from the slot". Tensors whose param and grad share a dtype, the common case, get loops of their
 // own: with no dtype or state-count branch left in the vector loop, the compiler keeps its constants in
@@ -423,6 +448,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       break;
     }
     const int64_t start = b * bs;
+    prefetch_block(slot, st, n_states, kKind, start + kPrefetchAhead, bs);
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
         bst[k] = {buf[b & 1][k], block_codes<kKind>(st[k], start), st[k].scales[b]};
