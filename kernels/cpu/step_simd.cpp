@@ -69,11 +69,13 @@ struct SimdCodec {
   StateCodec c{};
   Table16 values;  // 4-bit: the codebook
   const Encode8Tables* map8 = nullptr;  // 8-bit: the map's tables for the arithmetic encode
+  bool second = false;  // a second moment's codec: the non-negative maps, and zero guarded (codec_for)
 
   SimdCodec() = default;
   explicit SimdCodec(const StateCodec& codec) { init(codec); }
   void init(const StateCodec& codec) {
     c = codec;
+    second = c.guard_zero || c.mids == codebook::kUnsigned4Mids;
     if (c.kind == kState4Bit) values.fill(c.values);
     if (c.kind == kState8Bit) map8 = c.mids == codebook::kSigned8Mids ? &kEncode8Signed : &kEncode8Unsigned;
   }
@@ -156,13 +158,14 @@ class BlockEncoder {
     scale_ = sc.c.scale_for(absmax);
     st.scales[b] = scale_;
 #if LBOPT_ENCODE4_IN_X
-    linear_ = sc.c.mids == codebook::kUnsigned4Mids;
     if (kKind == kState4Bit)
-      thresholds_.init(linear_ ? lbopt::encode4::kUnsigned4InX : lbopt::encode4::kSigned4InX, scale_);
+      thresholds_.init(sc.second ? lbopt::encode4::kUnsigned4InX : lbopt::encode4::kSigned4InX, scale_);
 #endif
   }
 
-  // Vector i of the block (i a multiple of the lane count, in order: 4-bit codes are packed in pairs of vectors).
+  // Vector i of the block (i a multiple of the lane count, in order: 4-bit codes are packed in pairs of vectors,
+  // kOdd: the second of its pair). kSecond: the state is a second moment (sc.second), on the non-negative map.
+  template <bool kSecond, bool kOdd>
   HWY_INLINE void vec(int64_t i) {
     const DF df;
     const DI di;
@@ -181,14 +184,14 @@ class BlockEncoder {
       c = Encode8Arith(df, yi, *sc_->map8);
     } else {
 #if LBOPT_ENCODE4_IN_X
-      c = linear_ ? thresholds_.code_linear(xi) : thresholds_.code(xi);
+      c = kSecond ? thresholds_.code_linear(xi) : thresholds_.code(xi);
 #else
-      c = sc_->c.mids == codebook::kSigned4Mids ? Encode4Signed(df, yi) : Encode4Linear(df, yi);
+      c = kSecond ? Encode4Linear(df, yi) : Encode4Signed(df, yi);
 #endif
     }
     if (kKind != kState4Bit) {
       auto u = hn::BitCast(du, c);
-      if (sc_->c.guard_zero) {  // (the 4-bit maps have no zero code to guard)
+      if (kSecond) {  // the maps with a zero code: guard_zero (the 4-bit maps have none)
         const auto lift = hn::And(hn::Eq(u, hn::Zero(du)), hn::RebindMask(du, hn::Gt(yi, hn::Zero(df))));
         u = hn::IfThenElse(lift, hn::Set(du, 1u), u);
       }
@@ -196,7 +199,7 @@ class BlockEncoder {
       return;
     }
     const int64_t n = int64_t(hn::Lanes(df));
-    if ((i / n) % 2 == 0) {
+    if (!kOdd) {
       hn::Store(c, di, even_);
       return;
     }
@@ -241,7 +244,6 @@ class BlockEncoder {
   float scale_ = 0.0f;
 #if LBOPT_ENCODE4_IN_X
   Thresholds4 thresholds_;
-  bool linear_ = false;  // the unsigned map
 #endif
   HWY_ALIGN int32_t even_[kMaxLanes];  // 4-bit: the codes of the last even vector
 };
@@ -252,7 +254,14 @@ HWY_INLINE void encode_block(const SimdCodec& sc, StateRef st, int64_t b, int64_
                              float absmax) {
   BlockEncoder<kKind> enc;
   enc.init(sc, st, b, start, x, absmax);
-  for (int64_t i = 0; i < bs; i += int64_t(hn::Lanes(DF()))) enc.vec(i);
+  const int64_t n = int64_t(hn::Lanes(DF()));
+  const auto run = [&](auto second) HWY_ATTR {
+    for (int64_t i = 0; i < bs; i += 2 * n) {
+      enc.template vec<decltype(second)::value, false>(i);
+      enc.template vec<decltype(second)::value, true>(i + n);
+    }
+  };
+  sc.second ? run(std::true_type()) : run(std::false_type());
 }
 
 HWY_INLINE VF load_value(Dtype dt, const void* p, int64_t i) {
@@ -436,6 +445,13 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const bool has1 = n_states > 1, has2 = n_states > 2;
   BlockState bst[kMaxStates] = {};
   Table16 scaled[kMaxStates];
+  // Vector i of block b - 1's encode, for every state (odd: the second vector of a pair).
+  const auto encode_vec = [&](int64_t i, auto odd) HWY_ATTR {
+    constexpr bool kOdd = decltype(odd)::value;
+    if (n_states > 0) enc[0].template vec<Opt::second_moment(0), kOdd>(i);
+    if (has1) enc[1].template vec<Opt::second_moment(1), kOdd>(i);
+    if (has2) enc[2].template vec<Opt::second_moment(2), kOdd>(i);
+  };
   for (int64_t b = b0; b < b1 + (pipelined ? 1 : 0); ++b) {
     const bool encoding = pipelined && b > b0;  // block b - 1's encode runs in this round
     if (encoding)
@@ -443,8 +459,10 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         enc[k].init(codec[k], st[k], b - 1, (b - 1) * bs, buf[(b - 1) & 1][k], absmax[k]);
     if (b == b1) {  // the last block's encode alone
       if (encoding)
-        for (int k = 0; k < n_states; ++k)
-          for (int64_t i = 0; i < bs; i += n) enc[k].vec(i);
+        for (int64_t i = 0; i < bs; i += 2 * n) {
+          encode_vec(i, std::false_type());
+          encode_vec(i + n, std::true_type());
+        }
       break;
     }
     const int64_t start = b * bs;
@@ -462,7 +480,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
                         : hn::LoadU(df, bst[k].values + i);  // FP32 states: the caller's memory, any alignment
     };
     auto max0 = hn::Zero(DI()), max1 = max0, max2 = max0;
-    for (int64_t i = 0; i < bs; i += n) {
+    // two vectors a round: the 4-bit encode packs codes in pairs of vectors
+    const auto update_vec = [&](int64_t i, auto odd) HWY_ATTR {
       auto p = load_value(pdt, param, start + i);
       const auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
       auto x0 = n_states > 0 ? load(0, i) : hn::Zero(df);
@@ -487,11 +506,11 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         if (kQuantized) block_max_add(max2, x2);
         hn::StoreU(x2, df, bst[2].values + i);
       }
-      if (encoding) {
-        if (n_states > 0) enc[0].vec(i);
-        if (has1) enc[1].vec(i);
-        if (has2) enc[2].vec(i);
-      }
+      if (encoding) encode_vec(i, odd);
+    };
+    for (int64_t i = 0; i < bs; i += 2 * n) {
+      update_vec(i, std::false_type());
+      update_vec(i + n, std::true_type());
     }
     if (kQuantized) {
       if (n_states > 0) absmax[0] = block_absmax(bst[0].values, bs, max0);

@@ -12,7 +12,7 @@ struct AdamW {
   static constexpr int kMinStates = 2;  // states(h)'s least value
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  LBOPT_HD static bool second_moment(int i) { return i > 0; }  // v and vmax
+  LBOPT_HD static constexpr bool second_moment(int i) { return i > 0; }  // v and vmax
 
   struct Scalars {
     float decay_factor;      // 1 - lr * weight_decay (AdamW, decoupled)

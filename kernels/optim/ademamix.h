@@ -13,7 +13,7 @@ struct AdEMAMix {
   static constexpr int kMinStates = 3;  // states(h)'s least value
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};
-  LBOPT_HD static bool second_moment(int i) { return i == 2; }  // nu
+  LBOPT_HD static constexpr bool second_moment(int i) { return i == 2; }  // nu
 
   struct Scalars {
     float beta1, one_minus_beta1;

@@ -12,7 +12,7 @@ struct Lion {
   static constexpr int kMinStates = 1;  // states(h)'s least value
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg"};
-  LBOPT_HD static bool second_moment(int) { return false; }
+  LBOPT_HD static constexpr bool second_moment(int) { return false; }
 
   struct Scalars {
     float decay_factor;  // 1 - lr * weight_decay

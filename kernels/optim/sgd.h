@@ -11,7 +11,7 @@ struct Sgd {
   static constexpr int kMinStates = 0;  // states(h)'s least value
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"momentum_buffer"};
-  LBOPT_HD static bool second_moment(int) { return false; }
+  LBOPT_HD static constexpr bool second_moment(int) { return false; }
 
   struct Scalars {
     float wd;
