@@ -372,11 +372,9 @@ struct BlockState {
 
 // How far ahead of the block being updated step_blocks prefetches, in elements. The step reads and writes up to
 // nine streams at once (param, grad, each state's codes and scales), more than the hardware prefetchers keep far
-// enough ahead: at 64M elements, 2 threads, AVX-512, 4-bit AdamW ran 0.65 -> 0.58 ns/elem with it.
-#ifndef LBOPT_PF
-#define LBOPT_PF 1024
-#endif
-constexpr int64_t kPrefetchAhead = LBOPT_PF;
+// enough ahead: at 64M elements, 2 threads, AVX-512, 4-bit AdamW ran 0.67 -> 0.575 ns/elem with it (2048 and 4096
+// elements, or prefetching into L2 only, within noise of it).
+constexpr int64_t kPrefetchAhead = 1024;
 
 // Prefetches the bs elements from `at` of param, grad (for reading) and of each state's codes (for writing),
 // if they lie in the tensor.
@@ -400,7 +398,7 @@ HWY_INLINE void prefetch_block(const StepSlot& slot, const StateRef* st, int n_s
 // loads param and grad a few vectors ahead, and stores param while it reads the other half's rows. Rows at 256 +
 // 1536 j bytes past an address congruent to the param's (mod 4096) start 256 bytes away from every 512-byte (4-bit)
 // or 1024-byte (8-bit, FP8) block of param, and at least 512 bytes from each other. On the stack at whatever
-// offset ASLR gave it, the same loop ran at 0.87 or 1.2-1.4 ns/elem from one process to the next (4-bit AdamW in
+// offset ASLR gave it, the same loop ran at 0.87 or 1.06-1.48 ns/elem from one process to the next (4-bit AdamW in
 // cache, AVX-512).
 class RowBuffer {
  public:
