@@ -183,9 +183,10 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
 #define LBOPT_ENCODE4_IN_X 1
 // Where a vector holds 16 floats (AVX-512) a 4-bit code needs no division at all: a block's scale s turns the 15
 // midpoints into thresholds on x itself, T_k = the least float x with RN(x / s) >= mids[k] (RN is monotonic), so
-// that the code of x / s is the count of T_k <= x, found by codebook_encode's binary search with register
-// permutes. T_k is the least float above h_k * s, from the exact double product: per block a few double
-// operations replace a division per element (AVX-512 4-bit AdamW 5-7% faster at 16M-64M elements).
+// that the code of x / s is the count of T_k <= x: for the signed map by codebook_encode's binary search with
+// register permutes (code), for the unsigned one by a candidate and one compare (code_linear). T_k is the least
+// float above h_k * s, from the exact double product: per block a few double operations replace a division per
+// element (AVX-512 4-bit AdamW 5-7% faster at 16M-64M elements).
 struct Thresholds4 {
   hn::Vec<hn::ScalableTag<float>> first, probe[3];  // the search's tables: T_7, and T shifted by 3, 1 and 0 lanes
   float r;                                           // RN(16 / s), for code_linear
