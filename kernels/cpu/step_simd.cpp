@@ -393,28 +393,6 @@ HWY_INLINE void prefetch_block(const StepSlot& slot, const StateRef* st, int n_s
     lines(st[k].codes, at * code_bytes / bs, code_bytes, std::integral_constant<int, 1>());
 }
 
-// step_blocks' decoded block values: two halves (this block's and the last one's) of kMaxStates rows. A load whose
-// address matches an in-flight store's in bits 0-11 waits for it (4K aliasing), and the step stores rows while it
-// loads param and grad a few vectors ahead, and stores param while it reads the other half's rows. Rows at 256 +
-// 1536 j bytes past an address congruent to the param's (mod 4096) start 256 bytes away from every 512-byte (4-bit)
-// or 1024-byte (8-bit, FP8) block of param, and at least 512 bytes from each other. On the stack at whatever
-// offset ASLR gave it, the same loop ran at 0.87 or 1.06-1.48 ns/elem from one process to the next (4-bit AdamW in
-// cache, AVX-512).
-class RowBuffer {
- public:
-  explicit RowBuffer(const void* param) {
-    const uintptr_t want = (uintptr_t(param) & ~uintptr_t(63)) + 256;
-    base_ = pool_ + ((want - uintptr_t(pool_)) & 4095) / sizeof(float);
-  }
-  float* row(int half, int k) { return base_ + (half * kMaxStates + k) * kRowFloats; }
-
- private:
-  static constexpr int64_t kRowFloats = 1536 / sizeof(float);
-  static_assert(kRowFloats >= kMaxBlock, "a row holds a block");
-  HWY_ALIGN float pool_[4096 / sizeof(float) + 2 * kMaxStates * kRowFloats];
-  float* base_;
-};
-
 // What an instantiation of step_blocks fixes at compile time: the dtype of param and grad and the state count, or
 // -1 for "read from the slot". fp32 params with fp32 grads, the common case, get loops of their own: with no
 // dtype or state-count branch left in the vector loop, the compiler keeps its constants in registers (4-bit AdamW
@@ -470,7 +448,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // With three 8-bit or FP8 states (AdEMAMix, AMSGrad) the fused loop holds too much at once: 8-bit AdEMAMix lost
   // 5%, where 4-bit AdEMAMix gains 3-5%.
   const bool pipelined = kPipelined && (n_states <= 2 || kKind == kState4Bit);
-  RowBuffer buf(param);
+  // (rows padded by 64 bytes: no two rows 4 KiB apart, whose loads and stores the CPU would take as aliasing)
+  HWY_ALIGN float buf[2][kMaxStates][kMaxBlock + 16];
   float absmax[kMaxStates] = {};
   BlockEncoder<kKind> enc[kMaxStates];
   const auto grad_factor = hn::Set(df, slot.grad_factor);
@@ -488,7 +467,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     const bool encoding = pipelined && b > b0;  // block b - 1's encode runs in this round
     if (encoding)
       for (int k = 0; k < n_states; ++k)
-        enc[k].init(codec[k], st[k], b - 1, (b - 1) * bs, buf.row((b - 1) & 1, k), absmax[k]);
+        enc[k].init(codec[k], st[k], b - 1, (b - 1) * bs, buf[(b - 1) & 1][k], absmax[k]);
     if (b == b1) {  // the last block's encode alone
       if (encoding)
         for (int64_t i = 0; i < bs; i += 2 * n) {
@@ -501,7 +480,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     prefetch_block(slot, st, n_states, kKind, start + kPrefetchAhead, bs);
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
-        bst[k] = {buf.row(b & 1, k), block_codes<kKind>(st[k], start), st[k].scales[b]};
+        bst[k] = {buf[b & 1][k], block_codes<kKind>(st[k], start), st[k].scales[b]};
         if (kKind == kState4Bit) scale_table(codec[k], bst[k].scale, scaled[k]);
       } else {           // updated in place
         bst[k] = {static_cast<float*>(st[k].codes) + start, nullptr, 0.0f};
