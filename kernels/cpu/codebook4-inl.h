@@ -191,13 +191,14 @@ struct Thresholds4 {
   hn::Vec<hn::ScalableTag<float>> first, probe[3];  // the search's tables: T_7, and T shifted by 3, 1 and 0 lanes
   float r;                                           // RN(16 / s), for code_linear
 
-  // The tables for block scale s.
-  HWY_INLINE void init(const lbopt::encode4::MidsInX& t, float s) {
+  // The tables for block scale s, of the unsigned map (second) or the signed one. code_linear reads only probe[2].
+  HWY_INLINE void init(bool second, float s) {
     const hn::ScalableTag<float> df;
     const hn::RebindToSigned<decltype(df)> di;
     const hn::Repartition<double, decltype(df)> dd;
     const hn::Rebind<float, decltype(dd)> dh;
     const hn::Rebind<int32_t, decltype(dd)> dhi;
+    const lbopt::encode4::MidsInX& t = second ? lbopt::encode4::kUnsigned4InX : lbopt::encode4::kSigned4InX;
     const auto vs = hn::Set(dd, double(s));
     const auto half = [&](int k0) HWY_ATTR {
       const auto prod = hn::Mul(hn::Load(dd, t.h + k0), vs);
@@ -208,6 +209,9 @@ struct Thresholds4 {
       return hn::BitCast(dh, hn::Add(hn::BitCast(dhi, f), step));
     };
     const auto thresholds = hn::Combine(df, half(8), half(0));
+    probe[2] = thresholds;
+    r = 16.0f / s;
+    if (second) return;
     const auto shifted = [&](int32_t by) HWY_ATTR {
       const auto lane = hn::Min(hn::Add(hn::Iota(di, 0), hn::Set(di, by)), hn::Set(di, 15));
       return hn::TableLookupLanes(thresholds, hn::IndicesFromVec(df, lane));
@@ -215,8 +219,6 @@ struct Thresholds4 {
     first = hn::TableLookupLanes(thresholds, hn::IndicesFromVec(df, hn::Set(di, 7)));
     probe[0] = shifted(3);
     probe[1] = shifted(1);
-    probe[2] = thresholds;
-    r = 16.0f / s;
   }
 
   // codebook_encode(mids, 16, x / s) per lane, for finite x.
