@@ -1,7 +1,7 @@
 // ns per element of the 8-bit encode of 256-value blocks already divided by their absmax, per instruction set:
 // the binary search over the 256 midpoints a step at a time over the block (all eight steps as gathers, and the
 // kernels' variant whose first four steps permute a 16-entry table of every 16th midpoint), against the
-// arithmetic encode of kernels/cpu/codebook8_arith-inl.h. Medians of repeated runs; every method's codes are
+// bucket-table encode of kernels/cpu/codebook8_arith-inl.h. Medians of repeated runs; every method's codes are
 // checked against codebook_encode first.
 // usage: bench_encode8 [repeats]
 #undef HWY_TARGET_INCLUDE
@@ -38,13 +38,13 @@ HWY_INLINE void StoreCodes(const int32_t* code, uint8_t* out) {
 
 
 // method 0: eight gather steps (the first a broadcast); 1: four permute steps over every 16th midpoint, then four
-// gathers; 2: arithmetic. y: n_blocks blocks of 256.
+// gathers; 2: the bucket table (one gather). y: n_blocks blocks of 256.
 void EncodeBlocks(int method, int is_signed, const float* y, int64_t n_blocks, uint8_t* out) {
   const DF df;
   const DI di;
   const size_t n = hn::Lanes(df);
   const Encode8Tables& t = is_signed ? kEncode8Signed : kEncode8Unsigned;
-  const float* mids = t.mids;
+  const float* mids = is_signed ? codebook::kSigned8Mids : codebook::kUnsigned8Mids;
   Table16 probe[3];  // probe[j][c] = mids[16 * (c + (4 >> j) - 1) + 15], clamped
   for (int j = 0; j < 3; ++j)
     for (size_t c = 0; c < sizeof probe[j].t / 4; ++c) {
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<uint8_t> out(static_cast<size_t>(n));
-  const char* method_name[3] = {"search, 8 gathers", "search, 4 permutes + 4 gathers", "arithmetic"};
+  const char* method_name[3] = {"search, 8 gathers", "search, 4 permutes + 4 gathers", "bucket table"};
   printf("ns/element, median of %d runs (min in brackets); %lld blocks of 256\n", repeats, (long long)kBlocks);
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     if (target != HWY_AVX2 && target != HWY_AVX3 && target != HWY_AVX3_DL) continue;

@@ -1,5 +1,5 @@
-// The arithmetic 8-bit encode (kernels/codebook8_arith.h) against codebook_encode's search, for every float with
-// |x| <= 2 and a sample beyond. Past |x| = 1 the arithmetic clamps to one value, so this covers every finite float.
+// The bucket-table 8-bit encode (kernels/codebook8_arith.h) against codebook_encode's search, for every float with
+// |x| <= 2 and a sample beyond. Past |x| = 1 the encode clamps to one value, so this covers every finite float.
 #include <doctest/doctest.h>
 
 #include <stdint.h>
