@@ -444,12 +444,14 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const uint64_t seed = flags.seed, step = uint64_t(slot.step);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
-  // Quantized states on AVX-512: block b's values go to buf[b % 2], and the encode of block b - 1 (from the other
+  // Quantized states on x86: block b's values go to buf[b % 2], and the encode of block b - 1 (from the other
   // half) runs vector by vector in block b's update loop. An update there is bound by its divider (square root
-  // and divisions), an encode by integer and permute work: interleaved, one fills the other's idle units (4-bit
-  // AdamW 1.46 -> 1.28 ns/elem, 8-bit 2.2 -> 1.85 at 16M, 1 thread). AVX2, with 16 vector registers and three
-  // vector ports, lost 5-15% that way (spills), so other targets encode each block right after its update.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // and divisions), an encode by integer and permute work: interleaved, one fills the other's idle units (AVX-512
+  // 4-bit AdamW 1.46 -> 1.28 ns/elem, 8-bit 2.2 -> 1.85 at 16M, 1 thread). AVX2, with 16 vector registers, first
+  // lost 5-15% that way (spills); with the leaner loops of since (shaped loops, compile-time roles, the bucket
+  // 8-bit encode) it gains too: 4-bit AdamW 1.465 -> 1.382 in cache and 1.71 -> 1.59 at 16M, 8-bit 2.25 -> 1.90
+  // at 16M. Other targets, unmeasured, encode each block right after its update.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   constexpr bool kPipelined = kQuantized;
 #else
   constexpr bool kPipelined = false;
