@@ -425,15 +425,28 @@ struct Shape {
 };
 using AnyShape = Shape<-1, -1>;
 
-template <class Opt, int kKind, class S>
+// A flag of the optimizer's Scalars (Opt::Flags) and the value a loop is compiled for.
+template <auto kFlag, bool kValue>
+struct Fixed {};
+template <class Scalars, auto kFlag, bool kValue>
+HWY_INLINE void fix(Scalars& s, Fixed<kFlag, kValue>) {
+  s.*kFlag = kValue;
+}
+
+// The step over whole blocks [b0, b1) of a slot, with the flags in Fixes assigned the constant values the slot
+// has (step_fixing picks the instantiation): no branch on them is left in the vector loop (AVX2 4-bit AdamW 1.60
+// -> 1.48 ns/elem at 16M, FP8 2.22 -> 2.04; AVX-512 within 2%). Only the shaped loops get these copies: each flag
+// doubles their compile time.
+template <class Opt, int kKind, class S, class... Fixes>
 int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  typename Opt::Scalars s = slot.scalars.template get<Opt>();
+  (fix(s, Fixes()), ...);
   constexpr bool kQuantized = kKind != kStateFp32;
   const int64_t bs = work_block_size(kKind);
   const int n_states = S::states >= 0 ? S::states : Opt::states(flags.hyper);
   SimdCodec codec[kMaxStates];
   for (int k = 0; k < n_states; ++k) codec[k].init(host_codec(kKind, Opt::second_moment(k)));
   // Locals, not reads through slot: the byte stores of the codes may alias anything, which would force reloads.
-  const typename Opt::Scalars s = slot.scalars.template get<Opt>();
   const Dtype pdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.param_dtype;
   const Dtype gdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.grad_dtype;
   void* const param = slot.param;
@@ -549,6 +562,19 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   return b1;
 }
 
+// step_blocks with each flag of the list fixed to the slot's value of it: one instantiation per combination.
+template <class Opt, int kKind, class S, class... Fixes>
+int64_t step_fixing(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1, FlagList<>) {
+  return step_blocks<Opt, kKind, S, Fixes...>(slot, flags, b0, b1);
+}
+template <class Opt, int kKind, class S, class... Fixes, auto kFlag, auto... kRest>
+int64_t step_fixing(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1,
+                    FlagList<kFlag, kRest...>) {
+  return slot.scalars.template get<Opt>().*kFlag
+             ? step_fixing<Opt, kKind, S, Fixes..., Fixed<kFlag, true>>(slot, flags, b0, b1, FlagList<kRest...>())
+             : step_fixing<Opt, kKind, S, Fixes..., Fixed<kFlag, false>>(slot, flags, b0, b1, FlagList<kRest...>());
+}
+
 // lbopt_quantize over whole blocks: as the step's encode, from the caller's floats.
 template <int kKind>
 int64_t quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t b0, int64_t b1) {
@@ -617,8 +643,10 @@ int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   if (slot.param_dtype == kFloat32 && slot.grad_dtype == kFloat32)
     return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
       constexpr int kN = decltype(n)::value;
-      return slot.grad_factor == 1.0f ? step_blocks<Opt, kKind, Shape<kFloat32, kN, true>>(slot, flags, b0, b1)
-                                      : step_blocks<Opt, kKind, Shape<kFloat32, kN>>(slot, flags, b0, b1);
+      const typename Opt::Flags fix_all;
+      return slot.grad_factor == 1.0f
+                 ? step_fixing<Opt, kKind, Shape<kFloat32, kN, true>>(slot, flags, b0, b1, fix_all)
+                 : step_fixing<Opt, kKind, Shape<kFloat32, kN>>(slot, flags, b0, b1, fix_all);
     });
 #endif
   return step_blocks<Opt, kKind, AnyShape>(slot, flags, b0, b1);

@@ -25,7 +25,9 @@ struct AdamW {
     float eps;
     bool coupled_decay;
     bool amsgrad;
+    bool lerp_from_m;        // one_minus_beta1 < 0.5: torch.lerp's branch (see update)
   };
+  using Flags = FlagList<&Scalars::coupled_decay, &Scalars::lerp_from_m>;  // amsgrad: the state count says it
 
   LBOPT_HD static int states(const Hyper& h) { return h.amsgrad ? 3 : 2; }
 
@@ -41,6 +43,7 @@ struct AdamW {
     s.eps = float(h.eps);
     s.coupled_decay = h.coupled_decay;
     s.amsgrad = h.amsgrad;
+    s.lerp_from_m = s.one_minus_beta1 < 0.5f;
     return s;
   }
 };
@@ -60,7 +63,7 @@ LBOPT_HD void update(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typenam
   }
   // torch.lerp(m, g, w): the branch keeps it exact at both ends
   const float w = s.one_minus_beta1;
-  m = w < 0.5f ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
+  m = s.lerp_from_m ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
   v = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(v, O::set(s.beta2)));
   typename O::V used = v;
   if (s.amsgrad) {

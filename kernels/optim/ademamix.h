@@ -26,6 +26,7 @@ struct AdEMAMix {
     float wd;
     float neg_lr;
   };
+  using Flags = FlagList<>;
 
   LBOPT_HD static int states(const Hyper&) { return 3; }
 

@@ -24,6 +24,11 @@ struct Hyper {
   bool maximize = false;
 };
 
+// The bool fields of an optimizer's Scalars that its update branches on, as pointers to members: the SIMD step
+// (kernels/cpu/step_simd.cpp) runs a loop per combination of their values, each with no branch on them.
+template <auto... kFields>
+struct FlagList {};
+
 // 1 - beta^step in double precision: the bias corrections of the Adam family.
 LBOPT_HD double bias_correction(double beta, int64_t step) { return 1.0 - pow(beta, double(step)); }
 

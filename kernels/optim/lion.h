@@ -20,6 +20,7 @@ struct Lion {
     float beta2, one_minus_beta2;
     float neg_lr;
   };
+  using Flags = FlagList<>;
 
   LBOPT_HD static int states(const Hyper&) { return 1; }
 

@@ -23,6 +23,7 @@ struct Sgd {
     bool first;         // step 1: the buffer starts as the gradient
     bool nesterov;
   };
+  using Flags = FlagList<&Scalars::has_wd, &Scalars::nesterov>;  // has_momentum: the state count says it
 
   LBOPT_HD static int states(const Hyper& h) { return h.momentum != 0.0 ? 1 : 0; }
 
