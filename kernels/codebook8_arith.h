@@ -23,20 +23,28 @@ constexpr int kShift = 16;                // a bucket: bits >> kShift
 constexpr int32_t kWidth = 1 << kShift;
 constexpr int kCodeShift = 20;            // entry = code << kCodeShift | place of the bucket's midpoint
 constexpr int32_t kPlaceMask = (1 << kCodeShift) - 1;
-constexpr int kMaxBuckets = 2912;
 
 constexpr int zero_code(bool is_signed) { return is_signed ? 127 : 0; }
 
-// IEEE bits of a finite float at compile time (no constexpr bit_cast in C++17); normal floats and zero only.
+// IEEE bits of a positive normal float at compile time (no constexpr bit_cast in C++17).
 constexpr uint32_t bits_of(float f) {
-  if (f == 0.0f) return 0;
-  const uint32_t sign = f < 0.0f ? 0x80000000u : 0u;
-  double x = f < 0.0f ? -double(f) : double(f);
+  double x = f;
   int e = 0;
   while (x >= 2.0) x /= 2.0, ++e;
   while (x < 1.0) x *= 2.0, --e;
-  return sign | uint32_t(e + 127) << 23 | uint32_t((x - 1.0) * 8388608.0);
+  return uint32_t(e + 127) << 23 | uint32_t((x - 1.0) * 8388608.0);
 }
+
+// The bucket of entry 0 (the one below the first positive midpoint's), and the entries a map needs.
+constexpr int32_t first_bucket(const float* mids, bool is_signed) {
+  return int32_t(bits_of(mids[zero_code(is_signed)]) >> kShift) - 1;
+}
+constexpr int32_t bucket_count(const float* mids, bool is_signed) {
+  return int32_t(kClamp >> kShift) - first_bucket(mids, is_signed) + 1;
+}
+constexpr int32_t max_of(int32_t a, int32_t b) { return a > b ? a : b; }
+constexpr int kMaxBuckets = max_of(bucket_count(codebook::kSigned8Mids, true),
+                                   bucket_count(codebook::kUnsigned8Mids, false));
 
 }  // namespace encode8_detail
 
@@ -52,11 +60,10 @@ namespace encode8_detail {
 constexpr Encode8Tables make(const float* mids, bool is_signed) {
   Encode8Tables t{};
   t.is_signed = is_signed;
-  const int z = zero_code(is_signed);  // mids[z] is the first positive midpoint
-  t.first = int32_t(bits_of(mids[z]) >> kShift) - 1;
-  t.count = int32_t(kClamp >> kShift) - t.first + 1;
-  int c = z;  // codes below: the midpoints under the bucket's start
-  for (int j = 0; j < t.count && j < kMaxBuckets; ++j) {
+  t.first = first_bucket(mids, is_signed);
+  t.count = bucket_count(mids, is_signed);
+  int c = zero_code(is_signed);  // codes below: the midpoints under the bucket's start (mids[c] the first positive)
+  for (int j = 0; j < t.count; ++j) {
     const uint32_t start = uint32_t(t.first + j) << kShift;
     while (c < 255 && bits_of(mids[c]) < start) ++c;
     const uint32_t m = c < 255 ? bits_of(mids[c]) : 0x7f800000u;
@@ -75,7 +82,7 @@ constexpr bool valid(const Encode8Tables& t, const float* values, const float* m
   if (is_signed)
     for (int i = 0; i < 254; ++i)
       if (mids[i] != -mids[253 - i]) return false;
-  if (t.first < 0 || t.count > kMaxBuckets || !(bits_of(mids[254]) < kClamp)) return false;
+  if (t.first < 0 || !(bits_of(mids[254]) < kClamp)) return false;
   if ((t.entry[0] & kPlaceMask) != kWidth) return false;
   for (int c = z; c < 254; ++c)
     if ((bits_of(mids[c]) >> kShift) == (bits_of(mids[c + 1]) >> kShift)) return false;
