@@ -446,12 +446,13 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   void* const param = slot.param;
   const void* const grad = slot.grad;
   const int64_t psz = pdt == kFloat32 ? 4 : 2, gsz = gdt == kFloat32 ? 4 : 2;
-  // Software prefetch, in the loops with fp32 params and grads: each round of the vector loop prefetches the
+  // Software prefetch, in the loops with fp32 params and grads: each vector of the update loop prefetches the
   // param and grad lines kPrefetchAhead elements on, and each block its states' codes. At 16M-64M elements the
-  // hardware prefetchers alone leave the step waiting on memory (AVX-512, 4-bit AdamW 1.04 -> 0.91 ns/elem on 1
-  // thread at 16M, 0.495 -> 0.458 on 2 threads at 64M; GPT-2 small 1.17-1.26x -> 1.40-1.53x torch's fused step).
-  // Prefetching a whole block's lines at once did less (0.92 and 8-bit 5% slower: more lines than the L1 has
-  // fill buffers), and the general loops, whose sizes are read at run time, ran bf16 params 5-6% slower with it.
+  // hardware prefetchers alone leave the step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at
+  // 16M on 1 thread, 0.497 -> 0.436 at 64M on 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step). A
+  // block's lines all at once did less (more lines than the L1 has fill buffers); the general loops, whose sizes
+  // are read at run time, ran bf16 params 5-6% slower with it; 8-bit, whose gathers keep the load ports busy,
+  // lost 4-7% at 16M-64M (docs/benchmarks.md, fifth pass).
   constexpr bool kPrefetch = S::dtype >= 0 && kKind != kState8Bit;
   StateRef st[kMaxStates];
   for (int k = 0; k < kMaxStates; ++k) st[k] = slot.states[k];
