@@ -380,19 +380,6 @@ struct BlockState {
 // How far ahead of the elements being updated step_blocks prefetches, in elements (see kPrefetch there).
 constexpr int64_t kPrefetchAhead = 1024;
 
-// Prefetches the cache lines of [p, p + bytes). The empty asm statement keeps the loop: GCC deletes a loop whose
-// body only prefetches (C++ lets it assume that such a loop ends, -ffinite-loops, and a prefetch is not a side
-// effect). Until 2026-12-01 every prefetch of this file was deleted that way, and liblbopt.so held no prefetch
-// instruction.
-template <bool kWrite>
-HWY_INLINE void prefetch_lines(const void* p, int64_t bytes) {
-  const char* line = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) {
-    __builtin_prefetch(line + o, kWrite ? 1 : 0);
-    asm volatile("" : : "r"(line + o));
-  }
-}
-
 // What an instantiation of step_blocks fixes at compile time: the dtype of param and grad and the state count, or
 // -1 for "read from the slot". fp32 params with fp32 grads, the common case, get loops of their own: with no
 // dtype or state-count branch left in the vector loop, the compiler keeps its constants in registers (4-bit AdamW
@@ -445,15 +432,16 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const Dtype gdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.grad_dtype;
   void* const param = slot.param;
   const void* const grad = slot.grad;
-  const int64_t psz = pdt == kFloat32 ? 4 : 2, gsz = gdt == kFloat32 ? 4 : 2;
   // Software prefetch, in the loops with fp32 params and grads: each vector of the update loop prefetches the
-  // param and grad lines kPrefetchAhead elements on, and each block its states' codes. At 16M-64M elements the
-  // hardware prefetchers alone leave the step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at
-  // 16M on 1 thread, 0.497 -> 0.436 at 64M on 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step). A
-  // block's lines all at once did less (more lines than the L1 has fill buffers); the general loops, whose sizes
-  // are read at run time, ran bf16 params 5-6% slower with it; 8-bit, whose gathers keep the load ports busy,
-  // lost 4-7% at 16M-64M (docs/benchmarks.md, fifth pass).
-  constexpr bool kPrefetch = S::dtype >= 0 && kKind != kState8Bit;
+  // lines kPrefetchAhead elements on of its streams of 4 bytes an element (param, grad, the states of the fp32
+  // kind); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the step
+  // waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on
+  // 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step). A block's lines all at once did less (more lines
+  // than the L1 has fill buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within
+  // 2%); the general loops, whose sizes are read at run time, ran bf16 params 5-6% slower with it (docs/
+  // benchmarks.md, fifth pass). No loop here holds only prefetches: GCC deletes such a loop (C++ lets it assume
+  // that a loop without side effects ends, -ffinite-loops), which is how an earlier prefetch never ran.
+  constexpr bool kPrefetch = S::dtype >= 0;
   StateRef st[kMaxStates];
   for (int k = 0; k < kMaxStates; ++k) st[k] = slot.states[k];
   const bool sr = flags.stochastic_round && pdt == kBfloat16;
@@ -505,9 +493,6 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     const int64_t start = b * bs;
     // where this block prefetches: kPrefetchAhead elements on, or near the tensor's end the block itself
     const int64_t ahead = start + kPrefetchAhead + bs <= slot.numel ? start + kPrefetchAhead : start;
-    if (kPrefetch)
-      for (int k = 0; k < n_states; ++k)
-        prefetch_lines<true>(static_cast<const char*>(st[k].codes) + state_byte(kKind, ahead), state_byte(kKind, bs));
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
         bst[k] = {buf[b & 1][k], block_codes<kKind>(st[k], start), st[k].scales[b]};
@@ -523,9 +508,14 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     auto max0 = hn::Zero(DI()), max1 = max0, max2 = max0;
     // two vectors a round: the 4-bit encode packs codes in pairs of vectors
     const auto update_vec = [&](int64_t i, auto odd, auto encode) HWY_ATTR {
-      if (kPrefetch) {  // one each per vector: at up to 16 lanes, every line of param and grad is touched
-        __builtin_prefetch(static_cast<const char*>(param) + (ahead + i) * psz, 1);
-        __builtin_prefetch(static_cast<const char*>(grad) + (ahead + i) * gsz, 0);
+      if (kPrefetch) {  // one line each per vector: at up to 16 lanes, every line of a stream is touched
+        __builtin_prefetch(static_cast<float*>(param) + ahead + i, 1);
+        __builtin_prefetch(static_cast<const float*>(grad) + ahead + i, 0);
+        if (!kQuantized) {
+          if (n_states > 0) __builtin_prefetch(static_cast<float*>(st[0].codes) + ahead + i, 1);
+          if (has1) __builtin_prefetch(static_cast<float*>(st[1].codes) + ahead + i, 1);
+          if (has2) __builtin_prefetch(static_cast<float*>(st[2].codes) + ahead + i, 1);
+        }
       }
       auto p = load_value(pdt, param, start + i);
       auto g = load_value(gdt, grad, start + i);
