@@ -436,7 +436,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // lines kPrefetchAhead elements on of its streams of 4 bytes an element (param, grad, the states of the fp32
   // kind); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the step
   // waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on
-  // 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step). A block's lines all at once did less (more lines
+  // 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched
+  // the codes, which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines
   // than the L1 has fill buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within
   // 2%); the general loops, whose sizes are read at run time, ran bf16 params 5-6% slower with it (docs/
   // benchmarks.md, fifth pass). No loop here holds only prefetches: GCC deletes such a loop (C++ lets it assume
