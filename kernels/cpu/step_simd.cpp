@@ -191,7 +191,7 @@ class BlockEncoder {
       c = Encode8Arith(df, yi, *sc_->map8);
     } else {
 #if LBOPT_ENCODE4_IN_X
-      c = kSecond ? thresholds_.code_linear(xi) : thresholds_.code(xi);
+      c = kSecond ? thresholds_.code_linear(xi) : thresholds_.code_signed(xi);
 #else
       c = kSecond ? Encode4Linear(df, yi) : Encode4Signed(df, yi);
 #endif

@@ -141,8 +141,8 @@ uint64_t quantize_cases() {
 }
 
 // 4-bit quantize with block scales of every magnitude, inputs at and around x = mid * scale for every midpoint
-// (where an encode without the division, on thresholds in x, must still agree with RN(x / scale)); digest of
-// the codes.
+// (where an encode without the division, on thresholds in x, must still agree with RN(x / scale)) and every
+// edge of the signed map's candidate buckets; digest of the codes.
 uint64_t scaled_quantize_cases() {
   std::mt19937_64 rng(4);
   std::vector<float> scales = {1e-13f, 1e-12f, 1.7e-10f, 3e-5f, 0.37f, 1.0f, 1.5f, 1000.1f, 3e20f, 1e38f, 3.4028235e38f};
@@ -151,12 +151,21 @@ uint64_t scaled_quantize_cases() {
   for (int i = 0; i < 300; ++i) scales.push_back(float(std::exp(log_scale(rng))));
   uint64_t d = 0;
   for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
-    const std::vector<float> mids = map_mids(LBOPT_STATE_4BIT, mo);
+    std::vector<float> probes = map_mids(LBOPT_STATE_4BIT, mo);
+    // The signed map's AVX-512 encode takes a candidate from the bucket of |y| (1 - 2^-8 - 2^-20) + 2^-8 (the
+    // float's exponent and 2 mantissa bits): its bucket edges too.
+    if (mo == LBOPT_MOMENT_FIRST)
+      for (int e = -8; e < 0; ++e)
+        for (int q = 0; q <= 4; ++q) {
+          const double y = (std::ldexp(1.0 + q / 4.0, e) - 0x1p-8) / (1.0 - 0x1p-8 - 0x1p-20);
+          probes.push_back(float(y));
+          probes.push_back(float(-y));
+        }
     std::vector<float> in;
     for (float anchor : scales) {
       std::vector<float> xs;
       const float s = std::max(anchor, 1e-12f);  // the scale lbopt uses for this block
-      for (float mid : mids) {  // (a midpoint here may be an ulp off the library's: 4 ulps either side)
+      for (float mid : probes) {  // (a midpoint here may be an ulp off the library's: 4 ulps either side)
         float x = mid * s;
         for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
         for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY)) xs.push_back(x);
