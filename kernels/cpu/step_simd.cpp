@@ -64,11 +64,10 @@ HWY_INLINE VU fp8_encode(VF y) {
   return hn::Or(sign, hn::IfThenElse(is_sub, sub, hn::Min(normal, hn::Set(du, 0x7eu))));
 }
 
-// A state's codec with its tables laid out for lookup16 and the arithmetic 8-bit encode.
+// A state's codec with its 4-bit codebook laid out for lookup16.
 struct SimdCodec {
   StateCodec c{};
   Table16 values;  // 4-bit: the codebook
-  const Encode8Tables* map8 = nullptr;  // 8-bit: the map's tables for the arithmetic encode
   bool second = false;  // a second moment's codec: the non-negative maps, and zero guarded (codec_for)
 
   SimdCodec() = default;
@@ -77,7 +76,6 @@ struct SimdCodec {
     c = codec;
     second = c.guard_zero || c.mids == codebook::kUnsigned4Mids;
     if (c.kind == kState4Bit) values.fill(c.values);
-    if (c.kind == kState8Bit) map8 = c.mids == codebook::kSigned8Mids ? &kEncode8Signed : &kEncode8Unsigned;
   }
 };
 
@@ -188,7 +186,8 @@ class BlockEncoder {
     if (kKind == kStateFp8) {
       c = hn::BitCast(di, fp8_encode(yi));
     } else if (kKind == kState8Bit) {
-      c = Encode8Arith(df, yi, *sc_->map8);
+      // the map known at compile time: its fields are constants, not loads after every code store
+      c = Encode8Arith(df, yi, kSecond ? kEncode8Unsigned : kEncode8Signed);
     } else {
 #if LBOPT_ENCODE4_IN_X
       c = kSecond ? thresholds_.code_linear(xi) : thresholds_.code_signed(xi);
