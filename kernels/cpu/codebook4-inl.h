@@ -86,9 +86,10 @@ inline const MidsInX kSigned4InX(codebook::kSigned4Mids, 1), kUnsigned4InX(codeb
 
 // Thresholds4::code_signed's candidates. Bucket j holds the a = |x| r + 2^-8 (r = RN(kBucketC / s)) whose float
 // bits have (bits >> 21) % 32 == j: the exponent's low 3 bits and 2 mantissa bits, for a in [2^-8, 1), where
-// kBucketC keeps a below 1. a is within 2^-23 of a* = (|x| / s) kBucketC + 2^-8 (r and the sum round once each),
-// so a midpoint m whose a*(m) lies more than kBucketMargin outside a's bucket compares with x / s as with a. The
-// table holds 8 + the count of midpoints below the bucket by that margin; at most one other (checked below)
+// kBucketC keeps a below 1. a is within 2^-22 + 2^-25 of a* = (|x| / s) kBucketC + 2^-8: r errs by under 2^-22
+// relative even where it is subnormal (s >= 2^126), the sum by 2^-25. So a midpoint m whose a*(m) lies more than
+// kBucketMargin outside a's bucket is more than 2^-25 from |x| / s, and RN(|x| / s) lies on the same side of m.
+// The table holds 8 + the count of midpoints below the bucket by that margin; at most one other (checked below)
 // lies in or near the bucket, and one threshold compare settles it.
 constexpr double kBucketC = 1.0 - 0x1p-8 - 0x1p-20;
 constexpr double kBucketMargin = 0x1p-21;
@@ -245,7 +246,7 @@ struct Thresholds4 {
   // kSignedBuckets) gives c = 7 + n for x >= 0 and 6 - n for x < 0, n the positive midpoints below the bucket:
   // the code is c or c + 1 (the bucket's midpoint, if any, decides), and lane c + 1 of the table, T_c (-inf for
   // c = -1), settles which: one permute and one compare where the binary search took four compares, three
-  // permutes and the copies of three masked adds (the update loop per 32 elements: AdamW 4-bit 148 -> 139
+  // permutes and the copies of three masked adds (the update loop per 32 elements: AdamW 4-bit 147 -> 139
   // instructions, 0.807 -> 0.761 ns/elem in cache; AdEMAMix, two signed states, 204 -> 182, 1.024 -> 0.960).
   HWY_INLINE hn::Vec<hn::ScalableTag<int32_t>> code_signed(hn::Vec<hn::ScalableTag<float>> x) const {
     const hn::ScalableTag<float> df;
