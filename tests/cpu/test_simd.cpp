@@ -165,8 +165,8 @@ uint64_t scaled_quantize_cases() {
     for (float anchor : scales) {
       std::vector<float> xs;
       const float s = std::max(anchor, 1e-12f);  // the scale lbopt uses for this block
-      for (float mid : probes) {  // (a midpoint here may be an ulp off the library's: 4 ulps either side)
-        float x = mid * s;
+      for (float probe : probes) {  // (a midpoint here may be an ulp off the library's: 4 ulps either side)
+        float x = probe * s;
         for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
         for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY)) xs.push_back(x);
       }
