@@ -217,10 +217,10 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
 #define LBOPT_ENCODE4_IN_X 1
 // Where a vector holds 16 floats (AVX-512) a 4-bit code needs no division at all: a block's scale s turns the 15
 // midpoints into thresholds on x itself, T_k = the least float x with RN(x / s) >= mids[k] (RN is monotonic), so
-// that the code of x / s is the count of T_k <= x. A candidate that is the code or one above it (signed map:
-// code_signed) or one below it (unsigned map: code_linear) and one compare with a threshold give the code. T_k is
-// the least float above h_k * s, from the exact double product: per block a few double operations replace a
-// division per element (AVX-512 4-bit AdamW 5-7% faster at 16M-64M elements).
+// that the code of x / s is the count of T_k <= x. For both maps a candidate c whose code is c or c + 1 and one
+// compare with T_c give the code (code_signed, code_linear). T_k is the least float above h_k * s, from the exact
+// double product: per block a few double operations replace a division per element (AVX-512 4-bit AdamW 5-7%
+// faster at 16M-64M elements).
 struct Thresholds4 {
   hn::Vec<hn::ScalableTag<float>> table;  // T_k in lane k (unsigned map), in lane k + 1 and -inf in lane 0 (signed)
   float r;                                // RN(16 / s) for code_linear, RN(kBucketC / s) for code_signed
