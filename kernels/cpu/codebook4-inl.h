@@ -247,7 +247,8 @@ struct Thresholds4 {
   // the code is c or c + 1 (the bucket's midpoint, if any, decides), and lane c + 1 of the table, T_c (-inf for
   // c = -1), settles which: one permute and one compare where the binary search took four compares, three
   // permutes and the copies of three masked adds (the update loop per 32 elements: AdamW 4-bit 147 -> 139
-  // instructions, 0.807 -> 0.761 ns/elem in cache; AdEMAMix, two signed states, 204 -> 182, 1.024 -> 0.960).
+  // instructions, 0.822 -> 0.783 ns/elem in cache; AdEMAMix, two signed states, 204 -> 182, 1.059 -> 1.032;
+  // docs/benchmarks.md, sixth pass).
   HWY_INLINE hn::Vec<hn::ScalableTag<int32_t>> code_signed(hn::Vec<hn::ScalableTag<float>> x) const {
     const hn::ScalableTag<float> df;
     const auto a = hn::MulAdd(hn::Abs(x), hn::Set(df, r), hn::Set(df, 0x1p-8f));
