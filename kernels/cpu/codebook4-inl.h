@@ -49,15 +49,15 @@ constexpr bool unsigned_map_is_linear() {
   return true;
 }
 static_assert(unsigned_map_is_linear(), "the unsigned 4-bit map is not k/16");
-// The probe tables of Encode4Signed's search over the bits of mids[7..13] (positions p = 0..6): the first probe is
-// position 3; the second, at code c in {0, 4}, is position c + 1; the third, at c in {0, 2, 4, 6}, position c.
-// Padded to 16 entries, so that a 16-lane vector loads a whole table.
+// The probe tables of Encode4Signed's search over the bits of mids[7..13] (positions p = 0..6), each less one: the
+// first probe is position 3; the second, at code c in {0, 4}, is position c + 1; the third, at c in {0, 2, 4, 6},
+// position c. Padded to 16 entries, so that a 16-lane vector loads a whole table.
 struct SignedTables {
   alignas(64) int32_t second[16];
   alignas(64) int32_t third[16];
-  int32_t first, top;  // bits of mids[10] and mids[14]
+  int32_t first, top;  // bits of mids[10] and mids[14], less one
   SignedTables() {
-    const auto bits = [](int p) { return int32_t(float_bits(codebook::kSigned4Mids[7 + p])); };
+    const auto bits = [](int p) { return int32_t(float_bits(codebook::kSigned4Mids[7 + p])) - 1; };
     for (int c = 0; c < 16; ++c) {
       second[c] = bits(c < 4 ? 1 : 5);
       third[c] = bits(c & 6);
@@ -179,37 +179,57 @@ HWY_INLINE hn::Vec<DI> AddIf(DI di, M mask, hn::Vec<DI> v, int32_t k) {
 #endif
 }
 
+// x86's conversions and sign ops on the vector widths the encodes run at; Highway's forms add range fix-ups.
+// trunc(v) for |v| < 2^31.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> TruncInRange(DF, hn::Vec<DF> v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  if constexpr (sizeof(v.raw) == 64) return {_mm512_cvttps_epi32(v.raw)};
+  if constexpr (sizeof(v.raw) == 32) return {_mm256_cvttps_epi32(v.raw)};
+  if constexpr (sizeof(v.raw) == 16) return {_mm_cvttps_epi32(v.raw)};
+#endif
+  return hn::ConvertTo(hn::RebindToSigned<DF>(), v);
+}
+
+// c negated where bits < 0: one psign on AVX2 and narrower x86 vectors (which also zeroes c where bits = 0, where
+// Encode4Signed's c is 0 already).
+template <class DI>
+HWY_INLINE hn::Vec<DI> SignOf(DI, hn::Vec<DI> c, hn::Vec<DI> bits) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  if constexpr (sizeof(c.raw) == 32) return {_mm256_sign_epi32(c.raw, bits.raw)};
+  if constexpr (sizeof(c.raw) == 16) return {_mm_sign_epi32(c.raw, bits.raw)};
+#endif
+  const auto neg = hn::ShiftRight<31>(bits);
+  return hn::Sub(hn::Xor(c, neg), neg);
+}
 }  // namespace encode4
 
 // codebook_encode(kSigned4Mids, 16, y) per lane. With y >= 0 the code is 7 plus the count of positive midpoints
 // <= y; with y < 0 it is 7 minus the count of positive midpoints < |y| (ties go up), 0 at the least. The two
-// compares become one: a + 1 + neg > bits(m), on the bits a of |y|.
+// compares become one, a > bits(m) - 1 on a = the bits of |y| less one for y < 0; the top midpoint is compared
+// with y's bits as a signed integer, which a negative y never passes, so that 7 - c needs no clamp (AVX2's signed
+// encode 20 -> 17 instructions with the division).
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
   const lbopt::encode4::SignedTables& t = lbopt::encode4::kSignedTables;
   const hn::RebindToSigned<DF> di;
   const auto bits = hn::BitCast(di, y);
-  const auto neg = hn::ShiftRight<31>(bits);  // -1 or 0
-  const auto a_cmp = hn::Sub(hn::And(bits, hn::Set(di, 0x7fffffff)), hn::Not(neg));
-  auto c = hn::IfThenElseZero(hn::Gt(a_cmp, hn::Set(di, t.first)), hn::Set(di, 4));
-  c = encode4::AddIf(di, hn::Gt(a_cmp, encode4::Lookup8(di, t.second, c)), c, 2);
-  c = encode4::AddIf(di, hn::Gt(a_cmp, encode4::Lookup8(di, t.third, c)), c, 1);
-  c = encode4::AddIf(di, hn::Gt(a_cmp, hn::Set(di, t.top)), c, 1);
-  // 7 + c, or 7 - c for y < 0: (c ^ neg) - neg is +-c
-  return hn::Max(hn::Add(hn::Sub(hn::Xor(c, neg), neg), hn::Set(di, 7)), hn::Zero(di));
+  const auto a = hn::Add(hn::And(bits, hn::Set(di, 0x7fffffff)), hn::ShiftRight<31>(bits));
+  auto c = hn::IfThenElseZero(hn::Gt(a, hn::Set(di, t.first)), hn::Set(di, 4));
+  c = encode4::AddIf(di, hn::Gt(a, encode4::Lookup8(di, t.second, c)), c, 2);
+  c = encode4::AddIf(di, hn::Gt(a, encode4::Lookup8(di, t.third, c)), c, 1);
+  c = encode4::AddIf(di, hn::Gt(bits, hn::Set(di, t.top)), c, 1);
+  return hn::Add(encode4::SignOf(di, c, bits), hn::Set(di, 7));
 }
 
-// codebook_encode(kUnsigned4Mids, 16, y) per lane: the count of midpoints (2 k + 3) / 32 <= y is floor(16 y - 0.5)
-// clamped to 0..15 (y is clamped to [-1, 1] first). 16 y is exact, and 16 y - 0.5 too wherever the floor can
-// exceed 0. The float adder turns the floor into an integer (1.5 * 2^23 + f has f in its low bits), which needs no
-// conversion and its range fix-up.
+// codebook_encode(kUnsigned4Mids, 16, y) per lane for 0 <= y <= 1, and a code <= 0 for -1 <= y < 0 (the packers
+// clamp it to 0): a quotient by the block's scale never lies outside [-1, 1]. The count of midpoints (2 k + 3) / 32
+// <= y is floor(16 y - 0.5) clamped to 0..15; 16 y is exact, and 16 y - 0.5 too wherever the floor can exceed 0.
+// 16 y - 0.5 lies in [-0.5, 15.5] for y >= 0, where truncation gives the clamped floor: two instructions with no
+// clamps (AVX2's unsigned encode 8 -> 3 with the division).
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
-  const hn::RebindToSigned<DF> di;
-  const auto clamped = hn::Min(hn::Max(y, hn::Set(df, -1.0f)), hn::Set(df, 1.0f));
-  const auto f = hn::Floor(hn::MulAdd(hn::Set(df, 16.0f), clamped, hn::Set(df, -0.5f)));
-  const auto c = hn::Sub(hn::BitCast(di, hn::Add(f, hn::Set(df, 12582912.0f))), hn::Set(di, 0x4b400000));
-  return hn::Max(c, hn::Zero(di));
+  return encode4::TruncInRange(df, hn::MulAdd(hn::Set(df, 16.0f), y, hn::Set(df, -0.5f)));
 }
 
 #undef LBOPT_ENCODE4_IN_X  // defined once per target
@@ -263,12 +283,13 @@ struct Thresholds4 {
   // codebook_encode(kUnsigned4Mids, 16, x / s) per lane, for finite x. The unsigned map (k + 1) / 16 has the code
   // max(0, floor(w)) of y = RN(x / s), w = 16 y - 0.5 (Encode4Linear). z = RN(x * r - 0.5 - 2^-16) lies in
   // (w - 2^-15, w): r, y and z each err by at most 2^-20 for |x| <= s, under the 2^-16 taken off. So c' = max(0,
-  // trunc(z)) is the code or one below it, and x >= T_c' (T_15 = +inf) settles which.
+  // trunc(z)) is the code or one below it, and x >= T_c' (T_15 = +inf) settles which. For x >= 0, z > -1 and
+  // trunc(z) >= 0 already; for x < 0 the code stays <= 0 (as Encode4Linear's), which the packers clamp to 0.
   HWY_INLINE hn::Vec<hn::ScalableTag<int32_t>> code_linear(hn::Vec<hn::ScalableTag<float>> x) const {
     const hn::ScalableTag<float> df;
     const hn::RebindToSigned<decltype(df)> di;
     const auto z = hn::MulAdd(x, hn::Set(df, r), hn::Set(df, -0.5f - 0x1p-16f));
-    const auto c = hn::Max(hn::Vec<decltype(di)>{_mm512_cvttps_epi32(z.raw)}, hn::Zero(di));
+    const auto c = encode4::TruncInRange(df, z);
     const auto t = hn::TableLookupLanes(table, hn::IndicesFromVec(df, c));
     return encode4::AddIf(di, hn::RebindMask(di, hn::Le(t, x)), c, 1);
   }

@@ -213,7 +213,8 @@ class BlockEncoder {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
     // x86: both vectors packed to 16-bit lanes (per 128-bit block k: lanes 4k .. 4k + 3 of the even vector, then of
     // this one), each pair of lanes joined by a multiply-add as 16 a + b, and the bytes put in order: 5
-    // instructions for two vectors where the generic form below takes 9 to 11.
+    // instructions for two vectors where the generic form below takes 9 to 11. The pack saturates, so the codes
+    // <= 0 of a negative x on the unsigned map (Encode4Linear) become 0.
 #if HWY_TARGET <= HWY_AVX3
     const __m512i words = _mm512_packus_epi32(_mm512_load_si512(even_), c.raw);
     const __m512i joined = _mm512_madd_epi16(words, _mm512_set1_epi32(0x00010010));
@@ -232,10 +233,10 @@ class BlockEncoder {
 #endif
 #else
     // Two vectors of codes make one vector of bytes: shift the even lanes by 4 and OR each lane pair (in its u64)
-    // into the even lane, then keep the even lanes of both.
+    // into the even lane, then keep the even lanes of both. Codes <= 0 (Encode4Linear's for x < 0) become 0.
     const auto shift = nibble_shifts();
     const auto pairs = [&](VI v) HWY_ATTR {
-      const auto pair = hn::BitCast(DU64(), hn::Shl(hn::BitCast(du, v), shift));
+      const auto pair = hn::BitCast(DU64(), hn::Shl(hn::BitCast(du, hn::Max(v, hn::Zero(di))), shift));
       return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
     };
     const auto bytes = hn::ConcatEven(du, pairs(c), pairs(hn::Load(di, even_)));

@@ -18,7 +18,11 @@ namespace HWY_NAMESPACE {
 
 void EncodeMags(uint32_t mag0, uint32_t count, int is_signed, int lanes, int32_t* out) {
   EncodeMagsAt(lanes, mag0, count, [is_signed](auto df, auto y) HWY_ATTR {
-    return is_signed ? Encode4Signed(df, y) : Encode4Linear(df, y);
+    namespace hn = hwy::HWY_NAMESPACE;
+    if (is_signed) return Encode4Signed(df, y);
+    // Encode4Linear takes |y| <= 1 (past it the code is 15) and gives codes <= 0 below 0, which the packers clamp
+    const auto c = Encode4Linear(df, hn::Min(hn::Max(y, hn::Set(df, -1.0f)), hn::Set(df, 1.0f)));
+    return hn::Max(c, hn::Zero(hn::RebindToSigned<decltype(df)>()));
   }, out);
 }
 
@@ -43,8 +47,9 @@ int64_t InXMismatches(float s, int is_signed, uint32_t mag0, uint32_t count, uin
     for (uint32_t sign : {0u, 0x80000000u}) {
       const auto x = hn::BitCast(df, hn::Or(mags, hn::Set(du, sign)));
       const auto y = hn::Div(x, hn::Set(df, s));
-      const auto got = is_signed ? t.code_signed(x) : t.code_linear(x);
-      const auto want = is_signed ? Encode4Signed(df, y) : Encode4Linear(df, y);
+      // the unsigned codes as the packers store them: those <= 0 (x < 0) as 0
+      const auto got = is_signed ? t.code_signed(x) : hn::Max(t.code_linear(x), hn::Zero(di));
+      const auto want = is_signed ? Encode4Signed(df, y) : hn::Max(Encode4Linear(df, y), hn::Zero(di));
       const auto wrong = hn::And(hn::Ne(got, want), in_range);
       if (hn::AllFalse(di, wrong)) continue;
       if (bad == 0) *first_bad = (mag0 + i + uint32_t(hn::FindKnownFirstTrue(di, wrong))) | sign;
