@@ -1,7 +1,9 @@
 // The vector 4-bit encodes of the divided value (kernels/cpu/codebook4-inl.h: the signed map's fold, the unsigned
 // map's arithmetic) equal codebook_encode on every float y with |y| <= 2, both signs, on every Highway target
 // compiled here that this CPU runs and the step uses: full vectors everywhere, 8- and 4-lane vectors (the permute and the gather
-// table paths) on every eighth chunk. (A quotient of the block scale lies in [-1, 1]; past 2 nothing changes.)
+// table paths) on every eighth chunk. (A quotient of the block scale lies in [-1, 1]; past 2 nothing changes.) The
+// unsigned encode takes |y| <= 1, so y is clamped to it first, and its codes <= 0 count as 0, as the packers store
+// them.
 // On AVX-512, the codes of x itself under a block scale s (Thresholds4, no division) equal the fold's codes of
 // x / s for every float |x| <= s, at seven scales from the step's floor 1e-12 to the largest float.
 #undef HWY_TARGET_INCLUDE
