@@ -69,7 +69,9 @@ struct ScalarOps {
   LBOPT_HD static float div(float a, float b) { return a / b; }
   LBOPT_HD static float fma(float a, float b, float c) { return fmaf(a, b, c); }  // a * b + c, one rounding
   LBOPT_HD static float sqrt(float a) { return sqrtf(a); }
-  LBOPT_HD static float max(float a, float b) { return fmaxf(a, b); }  // a NaN operand yields the other
+  // fmaxf spelled out, so that every backend agrees on zeros too: a NaN operand yields the other, and of equal
+  // operands (-0 and +0) the first (glibc's fmaxf does that; x86's maxps returns the second)
+  LBOPT_HD static float max(float a, float b) { return a >= b || b != b ? a : b; }
   // torch.sign: -1, 0 (of either sign, kept) or 1; NaN stays NaN
   LBOPT_HD static float sign(float a) { return a == 0.0f || isnan(a) ? a : copysignf(1.0f, a); }
 };

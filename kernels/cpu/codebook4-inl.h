@@ -290,7 +290,8 @@ struct Thresholds4 {
     const hn::RebindToSigned<decltype(df)> di;
     const auto z = hn::MulAdd(x, hn::Set(df, r), hn::Set(df, -0.5f - 0x1p-16f));
     const auto c = encode4::TruncInRange(df, z);
-    const auto t = hn::TableLookupLanes(table, hn::IndicesFromVec(df, c));
+    // the permute reads c's low 4 bits: a negative c (x < 0) reads a threshold above 0 > x and stays as it is
+    const hn::Vec<decltype(df)> t{_mm512_permutexvar_ps(c.raw, table.raw)};
     return encode4::AddIf(di, hn::RebindMask(di, hn::Le(t, x)), c, 1);
   }
 };

@@ -323,10 +323,9 @@ HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random
   hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), out)), DU16(), static_cast<uint16_t*>(p) + i);
 }
 
-// fmaxf: a NaN operand yields the other one (AMSGrad's running max keeps its value on a NaN v).
-HWY_INLINE VF fmax_vec(VF a, VF b) {
-  return hn::IfThenElse(hn::IsNaN(a), b, hn::IfThenElse(hn::IsNaN(b), a, hn::Max(a, b)));
-}
+// ScalarOps::max: a NaN operand yields the other one (AMSGrad's running max keeps its value on a NaN v), and of
+// equal operands, -0 and +0, the first (a state handed in may hold -0).
+HWY_INLINE VF fmax_vec(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Ge(a, b), hn::IsNaN(b)), a, b); }
 
 // Per-block accumulator of a state for encode_block: the bits of |x| as integers, which order every
 // non-negative float and put Inf and NaN above all finite ones, so that one integer max per vector also flags them.

@@ -51,8 +51,24 @@ struct Run {
   }
 };
 
-uint64_t steps(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, uint32_t flags, bool nonfinite) {
+// Quantized states as a caller may hand them over, not as lbopt wrote them: random code bytes under scales that
+// are negative, zero, subnormal, huge or not finite (a negative scale makes v < 0, whose 4-bit codes SIMD gets
+// from a code <= 0 and a saturating pack).
+void scramble(State& st, uint64_t seed) {
+  static const float kScales[] = {-1.0f, -3e-5f, 0.0f, -0.0f, 1e-40f, 3e38f, 1.0f, 0.5f, -2e10f, INFINITY, NAN};
+  std::mt19937_64 rng(seed);
+  const DLTensor& codes = st.codes->t;
+  uint8_t* const bytes = static_cast<uint8_t*>(codes.data) + codes.byte_offset;
+  for (int64_t i = 0; i < codes.shape[0] * (codes.dtype.bits / 8); ++i) bytes[i] = uint8_t(rng());
+  float* const scales = reinterpret_cast<float*>(static_cast<uint8_t*>(st.scales->t.data) + st.scales->t.byte_offset);
+  for (int64_t b = 0; b < st.scales->t.shape[0]; ++b) scales[b] = kScales[rng() % (sizeof kScales / sizeof kScales[0])];
+}
+
+uint64_t steps(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t n, uint32_t flags, bool nonfinite,
+               bool scrambled = false) {
   Run r(k, pt, gt, n, nonfinite);
+  if (scrambled)
+    for (State* st : {&r.m, &r.v, &r.vmax}) scramble(*st, uint64_t(n) * 131 + uint64_t(k));
   lbopt_adamw_config cfg;
   lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = k;
@@ -80,6 +96,16 @@ uint64_t all_cases() {
           for (int64_t n : {int64_t(256), int64_t(1000), int64_t(4096 + 77), int64_t(2048 + 1)})
             for (bool nonfinite : {false, true})
               d = d * 31 + steps(lbopt_state_kind(k), pt, gt, n, flags, nonfinite);
+  return d;
+}
+
+uint64_t scrambled_cases() {
+  uint64_t d = 0;
+  const uint32_t flag_sets[] = {0u, LBOPT_FLAG_AMSGRAD};
+  for (int k = 0; k < 3; ++k)
+    for (uint32_t flags : flag_sets)
+      for (int64_t n : {int64_t(1024), int64_t(4096 + 77)})
+        d = d * 31 + steps(lbopt_state_kind(k), f32(), f32(), n, flags, false, true);
   return d;
 }
 
@@ -200,13 +226,16 @@ uint64_t scaled_quantize_cases() {
 TEST_SUITE("simd") {
   TEST_CASE("every supported instruction set reproduces the portable kernels bit for bit") {
     struct Digests {
-      uint64_t steps, quantize, scaled;
+      uint64_t steps, scrambled, quantize, scaled;
     };
-    const auto digests = [] { return Digests{all_cases(), quantize_cases(), scaled_quantize_cases()}; };
+    const auto digests = [] {
+      return Digests{all_cases(), scrambled_cases(), quantize_cases(), scaled_quantize_cases()};
+    };
     const Digests portable = with_portable_kernels(digests);
     for_each_simd_target([&](const std::string&) {
       const Digests simd = digests();
       CHECK(simd.steps == portable.steps);
+      CHECK(simd.scrambled == portable.scrambled);
       CHECK(simd.quantize == portable.quantize);
       CHECK(simd.scaled == portable.scaled);
     });
