@@ -1,5 +1,6 @@
 // Per-target vector forms of quant.h's codebook_encode for the two 4-bit maps, bit-identical to it for every
-// finite y (tests/cpu/test_codebook4_simd.cpp checks every float with |y| <= 2). Include it after
+// quotient y = x / s of a block (|y| <= 1; the unsigned map's codes <= 0 for y < 0 are clamped by the packers;
+// tests/cpu/test_codebook4_simd.cpp checks every float with |y| <= 2). Include it after
 // <hwy/highway.h> at file scope of a foreach_target source (outside any namespace); it defines
 // lbopt::cpu::HWY_NAMESPACE::Encode4Signed and Encode4Linear (codes of the divided value y = x / s), and on
 // AVX-512 Thresholds4 (the code of x itself, with no division; tests/cpu/test_simd.cpp checks it against the

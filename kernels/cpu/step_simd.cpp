@@ -233,10 +233,12 @@ class BlockEncoder {
 #endif
 #else
     // Two vectors of codes make one vector of bytes: shift the even lanes by 4 and OR each lane pair (in its u64)
-    // into the even lane, then keep the even lanes of both. Codes <= 0 (Encode4Linear's for x < 0) become 0.
+    // into the even lane, then keep the even lanes of both. The unsigned map's codes <= 0 (Encode4Linear's for
+    // x < 0) become 0.
     const auto shift = nibble_shifts();
     const auto pairs = [&](VI v) HWY_ATTR {
-      const auto pair = hn::BitCast(DU64(), hn::Shl(hn::BitCast(du, hn::Max(v, hn::Zero(di))), shift));
+      if (kSecond) v = hn::Max(v, hn::Zero(di));
+      const auto pair = hn::BitCast(DU64(), hn::Shl(hn::BitCast(du, v), shift));
       return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
     };
     const auto bytes = hn::ConcatEven(du, pairs(c), pairs(hn::Load(di, even_)));
