@@ -1,25 +1,54 @@
 #!/usr/bin/env bash
-# The GPU check, one script for a lent machine (fits in 8 minutes on one H200): release build with CUDA, the GPU
-# tests, the step-vs-copy table, then lbopt vs torch (and torchao where installed) in PyTorch on the GPU with a
-# constant and a per-step cosine lr. Output goes to ${OUT:-results/gpu}/gpu_run.txt.
+# The GPU check, one script for a lent machine (about 6 minutes on one H200): the GPU suite (every optimizer, kind
+# and dtype against the CPU bit for bit, CUDA graphs, AMP, conversions, 64-bit indexing), part of it again under
+# compute-sanitizer, the step-vs-copy table of every optimizer, lbopt.torch on the GPU against the CPU
+# (tests/python/test_cuda.py), lbopt vs torch in PyTorch on the GPU, and the 4-bit and 8-bit AdamW kernels under
+# Nsight Compute. Output goes to ${OUT:-results/gpu}/gpu_run.txt.
 #
-# The device image has nvcc, meson, ninja and torch but no apt: carry the DLPack and doctest headers. Here:
-#   echo /.gpu-deps/ >> .git/info/exclude; mkdir -p .gpu-deps/include
-#   cp -r /usr/include/dlpack /usr/include/doctest .gpu-deps/include/
-# then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-deps"], timeout_s 560.
+# The device image has nvcc, torch and pytest but neither Highway nor the DLPack and doctest headers, and nothing
+# can be installed there, so the binaries are built here and carried:
+#   echo /.gpu-carry/ >> .git/info/exclude
+#   meson setup build-gpu --buildtype=release -Dcuda=enabled && ninja -C build-gpu
+#   bash bench/gpu_run.sh --pack            # copies the library, libhwy, gpu_tests and bench_gpu to .gpu-carry
+# then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 540.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+bin=.gpu-carry
+if [ "${1:-}" = --pack ]; then
+  build=${2:-build-gpu}
+  rm -rf "$bin" && mkdir -p "$bin" || exit 1
+  cp -L "$build/liblbopt.so.0" "$build/tests/gpu_tests" "$build/bench/bench_gpu" "$bin/" || exit 1
+  cp -L "$(ldd "$build/liblbopt.so.0" | awk '/libhwy/ {print $3}')" "$bin/" || exit 1
+  du -sh "$bin"
+  exit 0
+fi
 out=${OUT:-results/gpu}
 mkdir -p "$out"
-export CPATH="$PWD/.gpu-deps/include${CPATH:+:$CPATH}"
+export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+py=(env LBOPT_LIBRARY="$PWD/$bin/liblbopt.so.0" PYTHONPATH=bindings/python PYTHONUNBUFFERED=1 python3)
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   date -u
-  [ -d build-gpu ] || meson setup build-gpu --buildtype=release -Dcuda=enabled >/dev/null
-  ninja -C build-gpu tests/gpu_tests tests/cpu_tests bench/bench_gpu >/dev/null || exit 1
-  timeout 240 ./build-gpu/tests/gpu_tests
+  echo "## GPU suite"
+  timeout 200 "$bin/gpu_tests"
   echo "gpu tests exit: $?"
-  timeout 120 ./build-gpu/bench/bench_gpu 1e9
-  LBOPT_LIBRARY="$PWD/build-gpu/liblbopt.so.0" PYTHONPATH=bindings/python \
-    timeout 150 python3 bench/bench_torch.py --device cuda --params 1e9 --steps 10
+  echo "## step vs copy"
+  timeout 150 "$bin/bench_gpu" 1e9 1e7 10
+  for other in "$bin"/*/; do  # A/B: other builds of the library, each copied by hand to $bin/NAME/liblbopt.so.0
+    [ -f "$other/liblbopt.so.0" ] || continue
+    echo "## step vs copy, $other"
+    LD_LIBRARY_PATH="$PWD/$other:$LD_LIBRARY_PATH" timeout 90 "$bin/bench_gpu" 1e9 1e8 10
+  done
+  echo "## lbopt.torch on cuda"
+  timeout 150 "${py[@]}" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py
+  echo "pytest exit: $?"
+  echo "## compute-sanitizer memcheck (small cases)"
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" \
+    -tc='*captured*,*AMP*,*quantize*,invalid*'
+  echo "memcheck exit: $?"
+  echo "## torch on cuda"
+  timeout 100 "${py[@]}" bench/bench_torch.py --device cuda --params 1e9 --steps 10
+  echo "## ncu: AdamW 4-bit and 8-bit, fp32 and bf16 params, 1e8 elements"
+  timeout 90 ncu --clock-control none -k regex:step_kernel --launch-skip 0 --launch-count 8 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats "$bin/bench_gpu" 1e8 1e8 1
 } 2>&1 | tee "$out/gpu_run.txt"

@@ -42,6 +42,19 @@ class DeviceScope {
   int previous_ = -1;
 };
 
+// While a stream of this thread captures a graph in global or thread-local mode, CUDA refuses the calls it deems
+// unsafe and invalidates the capture. The checks only query, so they run with this thread in relaxed mode.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // DLPack's stream numbers 1 and 2 name the legacy and the per-thread default streams.
 cudaStream_t to_stream(void* s) {
   if (s == reinterpret_cast<void*>(1)) return cudaStreamLegacy;
@@ -51,6 +64,10 @@ cudaStream_t to_stream(void* s) {
 
 lbopt_status check_stream(cudaStream_t s, int device) {
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return LBOPT_OK;
+  // A capturing stream refuses cudaStreamGetDevice; a launch into another device's stream fails by itself
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LBOPT_CUDA_TRY(cudaStreamIsCapturing(s, &capture), "options.stream");
+  if (capture != cudaStreamCaptureStatusNone) return LBOPT_OK;
   int owner = -1;
   LBOPT_CUDA_TRY(cudaStreamGetDevice(s, &owner), "options.stream");
   if (owner != device)
@@ -101,8 +118,11 @@ lbopt_status cuda_step(const StepPlan& plan) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  LBOPT_TRY(check_stream(stream, plan.device.id));
-  LBOPT_TRY(check_plan_pointers(plan));
+  {
+    const RelaxedCapture relaxed;
+    LBOPT_TRY(check_stream(stream, plan.device.id));
+    LBOPT_TRY(check_plan_pointers(plan));
+  }
 
   const size_t n = plan.slots.size();
   // Per-slot skip flags: the caller's options.skipped, or stream-ordered scratch (pooled, no synchronization).
@@ -153,10 +173,13 @@ lbopt_status cuda_convert(const ConvertPlan& plan, bool to_state) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  LBOPT_TRY(check_stream(stream, plan.device.id));
-  LBOPT_TRY(check_pointer(plan.values, plan.device.id, to_state ? "src" : "dst"));
-  LBOPT_TRY(check_state_pointers(plan.state, plan.device.id, to_state ? "dst.codes" : "src.codes",
-                                 to_state ? "dst.scales" : "src.scales", -1));
+  {
+    const RelaxedCapture relaxed;
+    LBOPT_TRY(check_stream(stream, plan.device.id));
+    LBOPT_TRY(check_pointer(plan.values, plan.device.id, to_state ? "src" : "dst"));
+    LBOPT_TRY(check_state_pointers(plan.state, plan.device.id, to_state ? "dst.codes" : "src.codes",
+                                   to_state ? "dst.scales" : "src.scales", -1));
+  }
   const cuda::ConvertLaunch a{plan.kind, plan.second_moment, to_state, plan.numel, plan.values, plan.state};
   const cudaError_t e = cuda::launch_convert(a, stream);
   return e == cudaSuccess ? LBOPT_OK : cuda_fail(e, "conversion kernel launch");
@@ -170,8 +193,11 @@ lbopt_status cuda_state_init(const ConvertPlan& plan) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  LBOPT_TRY(check_stream(stream, plan.device.id));
-  LBOPT_TRY(check_state_pointers(plan.state, plan.device.id, "state.codes", "state.scales", -1));
+  {
+    const RelaxedCapture relaxed;
+    LBOPT_TRY(check_stream(stream, plan.device.id));
+    LBOPT_TRY(check_state_pointers(plan.state, plan.device.id, "state.codes", "state.scales", -1));
+  }
   const lbopt_layout layout = layout_of(plan.kind, plan.numel);
   if (layout.codes_bytes)
     LBOPT_CUDA_TRY(cudaMemsetAsync(plan.state.codes, 0, size_t(layout.codes_bytes), stream), "cudaMemsetAsync");

@@ -1,4 +1,7 @@
-// The codebooks in device constant memory, from the same generated lists as the host tables.
+// The codebooks in device constant memory, from the same generated lists as the host tables, and the per-CTA
+// copies the kernels read: each lane looks up its own code (a decode, or a step of the encode's search), and
+// constant memory serves one address per cycle, so a warp's 16 or 32 different addresses replay the load that
+// many times; shared memory serves them in one pass but for bank conflicts.
 #pragma once
 #include "../codebooks.h"
 #include "../quant.h"
@@ -14,10 +17,25 @@ __constant__ float kSigned8Mids[256] = {LBOPT_SIGNED8_MIDS};
 __constant__ float kUnsigned8Values[256] = {LBOPT_UNSIGNED8_VALUES};
 __constant__ float kUnsigned8Mids[256] = {LBOPT_UNSIGNED8_MIDS};
 
-__device__ __forceinline__ StateCodec device_codec(int kind, bool second_moment) {
-  const CodebookTables tables{kSigned4Values, kSigned4Mids, kUnsigned4Values, kUnsigned4Mids,
-                              kSigned8Values, kSigned8Mids, kUnsigned8Values, kUnsigned8Mids};
-  return codec_for(kind, second_moment, tables);
+// The four tables (values and midpoints of the signed and unsigned maps) of state kind KIND, copied into this
+// CTA's shared memory. Every thread of the CTA calls it, before any of them returns (it synchronizes the CTA).
+template <int KIND>
+__device__ __forceinline__ CodebookTables shared_codebooks() {
+  constexpr int n = KIND == kState4Bit ? 16 : KIND == kState8Bit ? 256 : 0;
+  if constexpr (n == 0) {
+    return CodebookTables{};
+  } else {
+    __shared__ float t[4][n];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      t[0][i] = n == 16 ? kSigned4Values[i] : kSigned8Values[i];
+      t[1][i] = n == 16 ? kSigned4Mids[i] : kSigned8Mids[i];
+      t[2][i] = n == 16 ? kUnsigned4Values[i] : kUnsigned8Values[i];
+      t[3][i] = n == 16 ? kUnsigned4Mids[i] : kUnsigned8Mids[i];
+    }
+    __syncthreads();
+    return n == 16 ? CodebookTables{t[0], t[1], t[2], t[3], nullptr, nullptr, nullptr, nullptr}
+                   : CodebookTables{nullptr, nullptr, nullptr, nullptr, t[0], t[1], t[2], t[3]};
+  }
 }
 
 }  // namespace lbopt::cuda

@@ -54,7 +54,7 @@ __device__ __forceinline__ float warp_max(float x) {
 // Requantize the E values this lane holds of block b (local indices given) with the warp's absmax scale.
 template <int KIND, int E>
 __device__ __forceinline__ void store_block(const StateCodec& c, StateRef st, int64_t b, int64_t start, int64_t n,
-                                            const int64_t (&local)[E], const float (&x)[E], int lane) {
+                                            const int (&local)[E], const float (&x)[E], int lane) {
   if (KIND == kStateFp32) {
 #pragma unroll
     for (int k = 0; k < E; ++k)
@@ -88,7 +88,7 @@ struct Geometry {
   static constexpr int64_t kBlock = KIND == kState4Bit ? kBlock4Bit : KIND == kState8Bit ? kBlock8Bit : kBlockFp8;
   static constexpr int kPerLane = int(kBlock / 32);  // a warp per block
   // Element of a block handled by lane, k-th: 4-bit keeps nibble pairs in one lane.
-  __device__ static int64_t local(int lane, int k) {
+  __device__ static int local(int lane, int k) {
     return KIND == kState4Bit ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
   }
 };
@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ 
   const int lane = threadIdx.x & 31;
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  const CodebookTables tables = shared_codebooks<KIND>();
 
   // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
   bool skip_all = a.found_inf && *a.found_inf != 0.0f;
@@ -129,39 +130,55 @@ __global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ 
     for (int64_t i = warp0 * 32 + lane; i < a.n_slots; i += n_warps * 32) a.skip[i] = 1;
     return;
   }
+  // Loops over states run to kMaxStates, guarded, so that they unroll and the per-state arrays stay in registers
   const int n_states = Opt::states(a.hyper);
   StateCodec codec[kMaxStates];
-  for (int k = 0; k < n_states; ++k) codec[k] = device_codec(KIND, Opt::second_moment(k));
+#pragma unroll
+  for (int k = 0; k < kMaxStates; ++k) codec[k] = codec_for(KIND, Opt::second_moment(k), tables);
   const float device_factor = a.grad_scale ? grad_factor(grad_scale, false) : 1.0f;
+  // The capturable step's scalars are the same for every slot
+  const OptScalars device_scalars = a.lr_scalar ? make_scalars(a.hyper, lr, int64_t(step)) : OptScalars{};
+  const float device_grad_factor = grad_factor(1.0, a.hyper.maximize);
   for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
     const int s = slot_of(a, w);
     if (a.skip[s]) continue;  // a non-finite gradient somewhere in this tensor
     const StepSlot& sl = a.slots[s];
     const int64_t slot_step = a.lr_scalar ? int64_t(step) : sl.step;
-    const OptScalars scalars = a.lr_scalar ? make_scalars(a.hyper, lr, slot_step) : sl.scalars;
-    const typename Opt::Scalars& sc = scalars.template get<Opt>();
-    const float factor = (a.lr_scalar ? grad_factor(1.0, a.hyper.maximize) : sl.grad_factor) * device_factor;
+    const typename Opt::Scalars sc =  // by value: a reference to either would put device_scalars in local memory
+        a.lr_scalar ? device_scalars.template get<Opt>() : sl.scalars.template get<Opt>();
+    const float factor = (a.lr_scalar ? device_grad_factor : sl.grad_factor) * device_factor;
     const int64_t b = w - a.first_block[s];
     const int64_t start = b * G::kBlock;
     const int64_t n = min(G::kBlock, sl.numel - start);
+    // Every load of the block is issued before the first store: the compiler cannot tell that a param store
+    // aliases none of the later loads, so loads left after it would each wait for it
     float scale[kMaxStates] = {};
-    if (KIND != kStateFp32)
-      for (int k = 0; k < n_states; ++k) scale[k] = sl.states[k].scales[b];
-    int64_t local[E];
-    float x[kMaxStates][E];
+#pragma unroll
+    for (int k = 0; k < kMaxStates; ++k)
+      if (KIND != kStateFp32 && k < n_states) scale[k] = sl.states[k].scales[b];
+    int local[E];
+    float p[E], g[E], x[kMaxStates][E];
 #pragma unroll
     for (int j = 0; j < E; ++j) {
       local[j] = G::local(lane, j);
-      x[0][j] = x[1][j] = x[2][j] = 0.0f;
-      if (local[j] >= n) continue;
+      const bool in = local[j] < n;
       const int64_t e = start + local[j];
-      for (int k = 0; k < n_states; ++k) x[k][j] = load_state<KIND>(codec[k], sl.states[k], e, scale[k]);
-      float p = load_elem(sl.param_dtype, sl.param, e);
-      update<ScalarOps>(sc, p, load_elem(sl.grad_dtype, sl.grad, e) * factor, x[0][j], x[1][j], x[2][j]);
-      store_param(sl, e, p, a.stochastic_round, a.seed, slot_step);
+      p[j] = in ? load_elem(sl.param_dtype, sl.param, e) : 0.0f;
+      g[j] = in ? load_elem(sl.grad_dtype, sl.grad, e) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxStates; ++k)
+        x[k][j] = in && k < n_states ? load_state<KIND>(codec[k], sl.states[k], e, scale[k]) : 0.0f;
     }
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if (local[j] < n) update<ScalarOps>(sc, p[j], g[j] * factor, x[0][j], x[1][j], x[2][j]);
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if (local[j] < n) store_param(sl, start + local[j], p[j], a.stochastic_round, a.seed, slot_step);
     __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
-    for (int k = 0; k < n_states; ++k) store_block<KIND, E>(codec[k], sl.states[k], b, start, n, local, x[k], lane);
+#pragma unroll
+    for (int k = 0; k < kMaxStates; ++k)
+      if (k < n_states) store_block<KIND, E>(codec[k], sl.states[k], b, start, n, local, x[k], lane);
     __syncwarp();
   }
 }
@@ -191,13 +208,13 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
   using G = Geometry<KIND>;
   constexpr int E = G::kPerLane;
   const int lane = threadIdx.x & 31;
-  const StateCodec c = device_codec(KIND, a.second_moment);
+  const StateCodec c = codec_for(KIND, a.second_moment, shared_codebooks<KIND>());
   for (int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < n_blocks;
        b += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t start = b * G::kBlock;
     const int64_t n = min(G::kBlock, a.numel - start);
     const float scale = KIND == kStateFp32 ? 0.0f : a.state.scales[b];
-    int64_t local[E];
+    int local[E];
     float x[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) {
