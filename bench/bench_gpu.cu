@@ -1,5 +1,6 @@
 // GPU step throughput of every optimizer and state kind, against a device-to-device copy of the same bytes
 // measured in the same run, and each optimizer's time against AdamW's at the same kind, dtype and size.
+// Params and grads are random (the grads fixed), the states start at zero.
 // usage: bench_gpu [max_numel=1e9] [min_numel=1e6] [reps=10]; prints a markdown table (bytes as in ALGORITHMS.md
 // section 8: param read and written, grad read, each state's codes and scales read and written).
 #include <cuda_runtime.h>
@@ -30,6 +31,23 @@ float time_ms(int reps, const F& f) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return ms / float(reps);
+}
+
+// Normal-ish values of the given scale (a sum of four uniforms from a hash of the index): steps on zeros would
+// take the division's slow path everywhere, which real training does not.
+__global__ void fill_random(void* out, int64_t n, bool bf16, float scale, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (uint64_t(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    float sum = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      h ^= h >> 31;
+      h *= 0xBF58476D1CE4E5B9ull;
+      sum += float(h >> 40) * (1.0f / 16777216.0f) - 0.5f;
+    }
+    const float x = sum * 1.7320508f * scale;
+    if (bf16) static_cast<uint16_t*>(out)[i] = uint16_t(__float_as_uint(x) >> 16);
+    else static_cast<float*>(out)[i] = x;
+  }
 }
 
 DLTensor view(void* p, int64_t* shape, uint8_t code, uint8_t bits) {
@@ -72,7 +90,9 @@ int main(int argc, char** argv) {
           lbopt_layout l;
           lbopt_state_layout(lbopt_state_kind(kind), n, &l, sizeof l);
           const size_t pb = size_t(n) * (bf16 ? 2 : 4);
-          thrust::device_vector<uint8_t> p(pb, 0), g(pb, 0);
+          thrust::device_vector<uint8_t> p(pb), g(pb);
+          fill_random<<<1024, 256>>>(thrust::raw_pointer_cast(p.data()), n, bf16, 0.1f, 1);
+          fill_random<<<1024, 256>>>(thrust::raw_pointer_cast(g.data()), n, bf16, 0.01f, 2);
           thrust::device_vector<uint8_t> codes[LBOPT_MAX_STATES];
           thrust::device_vector<float> scales[LBOPT_MAX_STATES];
           DLTensor tc[LBOPT_MAX_STATES], ts[LBOPT_MAX_STATES];

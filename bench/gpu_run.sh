@@ -26,6 +26,13 @@ out=${OUT:-results/gpu}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 py=(env LBOPT_LIBRARY="$PWD/$bin/liblbopt.so.0" PYTHONPATH=bindings/python PYTHONUNBUFFERED=1 python3)
+# Per kernel of the first launches (AdamW 4-bit then 8-bit, fp32 params, 1e8 elements): time, instructions, warps
+# resident and DRAM throughput, for the library first on LD_LIBRARY_PATH.
+counters() {
+  timeout 60 ncu --clock-control none -k regex:step_kernel --launch-count 6 --csv --metrics \
+    gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    "$bin/bench_gpu" 1e8 1e8 1 | grep -E 'step_kernel'
+}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   date -u
@@ -34,10 +41,12 @@ py=(env LBOPT_LIBRARY="$PWD/$bin/liblbopt.so.0" PYTHONPATH=bindings/python PYTHO
   echo "gpu tests exit: $?"
   echo "## step vs copy"
   timeout 150 "$bin/bench_gpu" 1e9 1e7 10
+  counters
   for other in "$bin"/*/; do  # A/B: other builds of the library, each copied by hand to $bin/NAME/liblbopt.so.0
     [ -f "$other/liblbopt.so.0" ] || continue
     echo "## step vs copy, $other"
     LD_LIBRARY_PATH="$PWD/$other:$LD_LIBRARY_PATH" timeout 90 "$bin/bench_gpu" 1e9 1e8 10
+    LD_LIBRARY_PATH="$PWD/$other:$LD_LIBRARY_PATH" counters
   done
   echo "## lbopt.torch on cuda"
   timeout 150 "${py[@]}" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py
@@ -48,7 +57,4 @@ py=(env LBOPT_LIBRARY="$PWD/$bin/liblbopt.so.0" PYTHONPATH=bindings/python PYTHO
   echo "memcheck exit: $?"
   echo "## torch on cuda"
   timeout 100 "${py[@]}" bench/bench_torch.py --device cuda --params 1e9 --steps 10
-  echo "## ncu: AdamW 4-bit and 8-bit, fp32 and bf16 params, 1e8 elements"
-  timeout 90 ncu --clock-control none -k regex:step_kernel --launch-skip 0 --launch-count 8 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats "$bin/bench_gpu" 1e8 1e8 1
 } 2>&1 | tee "$out/gpu_run.txt"

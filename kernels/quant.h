@@ -85,7 +85,10 @@ struct StateCodec {
 
   LBOPT_HD uint32_t encode(float x, float scale) const {
     const float y = x / scale;
-    uint32_t code = kind == kStateFp8 ? fp8_e4m3_encode(y) : codebook_encode(mids, entries, y);
+    // the two sizes spelled out, so that each search unrolls (and a codec known at compile time keeps one)
+    uint32_t code = kind == kStateFp8 ? fp8_e4m3_encode(y)
+                    : entries == 16  ? codebook_encode(mids, 16, y)
+                                     : codebook_encode(mids, 256, y);
     // Maps whose code 0 is the value 0 (8-bit unsigned, e4m3) would flush a tiny positive v to 0 and blow up
     // m / sqrt(v); the smallest positive code is one code step away and keeps the update bounded.
     if (guard_zero && code == 0 && y > 0.0f) code = 1;

@@ -15,83 +15,121 @@ constexpr int kThreads = 256;  // 8 warps per CTA
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGrid = 65535;
 
-__device__ __forceinline__ float load_elem(Dtype dt, const void* p, int64_t i) {
+// Element i of a block that starts at base: the kernels index within a block with 32-bit offsets from per-block
+// base pointers, and read the dtypes once per block.
+__device__ __forceinline__ float load_elem(Dtype dt, const void* base, int i) {
   switch (dt) {
-    case kBfloat16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case kFloat16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case kBfloat16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case kFloat16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
   }
 }
 
-__device__ __forceinline__ void store_param(const StepSlot& s, int64_t i, float x, bool sr, uint64_t seed,
-                                            int64_t step) {
-  switch (s.param_dtype) {
-    case kBfloat16:
-      static_cast<uint16_t*>(s.param)[i] =
-          sr ? float_to_bf16_stochastic(x, random_bits(seed, uint64_t(step), uint64_t(i))) : float_to_bf16(x);
-      break;
-    case kFloat16: static_cast<uint16_t*>(s.param)[i] = float_to_f16(x); break;
-    default: static_cast<float*>(s.param)[i] = x;
-  }
-}
-
-template <int KIND>
-__device__ __forceinline__ float load_state(const StateCodec& c, StateRef st, int64_t e, float scale) {
-  if (KIND == kStateFp32) return static_cast<const float*>(st.codes)[e];
-  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
-  return c.decode(KIND == kState4Bit ? nibble_get(codes, e) : codes[e], scale);
-}
-
-// Max over the warp, in every lane.
-__device__ __forceinline__ float warp_max(float x) {
-  using Reduce = cub::WarpReduce<float>;
-  __shared__ typename Reduce::TempStorage temp[kWarps];
-  const float lane0 = Reduce(temp[threadIdx.x / 32]).Reduce(x, ::cuda::maximum<float>{});
-  __syncwarp();  // the temporary storage is reused by the next reduction
-  return __shfl_sync(0xffffffffu, lane0, 0);
-}
-
-// Requantize the E values this lane holds of block b (local indices given) with the warp's absmax scale.
-template <int KIND, int E>
-__device__ __forceinline__ void store_block(const StateCodec& c, StateRef st, int64_t b, int64_t start, int64_t n,
-                                            const int (&local)[E], const float (&x)[E], int lane) {
-  if (KIND == kStateFp32) {
+// The E elements at local[] (those < n unless FULL) of a block, as floats: every load is issued, under one dtype
+// branch, before the first conversion waits for one. (A conversion inside a per-element branch would wait for
+// its load before the next load issues: bf16 steps ran up to 2x slower that way.)
+template <bool FULL, int E>
+__device__ __forceinline__ void load_block(Dtype dt, const void* base, const int (&local)[E], int n, float (&out)[E]) {
+  uint32_t raw[E];
+  if (dt == kFloat32) {
 #pragma unroll
-    for (int k = 0; k < E; ++k)
-      if (local[k] < n) static_cast<float*>(st.codes)[start + local[k]] = x[k];
-    return;
-  }
-  float absmax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < E; ++k)
-    if (local[k] < n) absmax = fmaxf(absmax, fabsf(finite_or_zero(x[k])));
-  const float scale = c.scale_for(warp_max(absmax));
-  if (lane == 0) st.scales[b] = scale;
-  uint8_t* codes = static_cast<uint8_t*>(st.codes);
-  if (KIND == kState4Bit) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
-#pragma unroll
-    for (int k = 0; k < E; k += 2) {
-      if (local[k] >= n) continue;
-      const uint32_t hi = c.encode(finite_or_zero(x[k]), scale);
-      const uint32_t lo = local[k + 1] < n ? c.encode(finite_or_zero(x[k + 1]), scale) : 0u;
-      codes[(start + local[k]) >> 1] = uint8_t((hi << 4) | lo);
-    }
+    for (int j = 0; j < E; ++j) raw[j] = FULL || local[j] < n ? static_cast<const uint32_t*>(base)[local[j]] : 0u;
   } else {
 #pragma unroll
-    for (int k = 0; k < E; ++k)
-      if (local[k] < n) codes[start + local[k]] = uint8_t(c.encode(finite_or_zero(x[k]), scale));
+    for (int j = 0; j < E; ++j) raw[j] = FULL || local[j] < n ? static_cast<const uint16_t*>(base)[local[j]] : 0u;
+  }
+  if (dt == kBfloat16) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) out[j] = bf16_to_float(uint16_t(raw[j]));
+  } else if (dt == kFloat16) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) out[j] = f16_to_float(uint16_t(raw[j]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) out[j] = __uint_as_float(raw[j]);
+  }
+}
+
+// e: the element's index in its tensor, which keys stochastic rounding.
+__device__ __forceinline__ void store_param(Dtype dt, void* base, int i, float x, bool sr, uint64_t seed,
+                                            int64_t step, int64_t e) {
+  switch (dt) {
+    case kBfloat16:
+      static_cast<uint16_t*>(base)[i] =
+          sr ? float_to_bf16_stochastic(x, random_bits(seed, uint64_t(step), uint64_t(e))) : float_to_bf16(x);
+      break;
+    case kFloat16: static_cast<uint16_t*>(base)[i] = float_to_f16(x); break;
+    default: static_cast<float*>(base)[i] = x;
   }
 }
 
 template <int KIND>
 struct Geometry {
-  static constexpr int64_t kBlock = KIND == kState4Bit ? kBlock4Bit : KIND == kState8Bit ? kBlock8Bit : kBlockFp8;
-  static constexpr int kPerLane = int(kBlock / 32);  // a warp per block
+  static constexpr int kBlock = int(KIND == kState4Bit ? kBlock4Bit : KIND == kState8Bit ? kBlock8Bit : kBlockFp8);
+  static constexpr int kPerLane = kBlock / 32;  // a warp per block
   // Element of a block handled by lane, k-th: 4-bit keeps nibble pairs in one lane.
   __device__ static int local(int lane, int k) {
     return KIND == kState4Bit ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
   }
+  // A state's codes from the block's first element on (4-bit blocks start at an even element).
+  __device__ static void* codes_at(void* codes, int64_t start) {
+    return static_cast<char*>(codes) + (KIND == kState4Bit ? start / 2 : KIND == kStateFp32 ? start * 4 : start);
+  }
 };
+
+// A state's value at element i of a block whose codes start at codes.
+template <int KIND>
+__device__ __forceinline__ float load_state(const StateCodec& c, const void* codes, int i, float scale) {
+  if (KIND == kStateFp32) return static_cast<const float*>(codes)[i];
+  const uint8_t* b = static_cast<const uint8_t*>(codes);
+  return c.decode(KIND == kState4Bit ? (b[i >> 1] >> ((i & 1) ? 0 : 4)) & 0xfu : b[i], scale);
+}
+
+// Max over the warp of values >= 0, in every lane: their IEEE bits order as the values do.
+__device__ __forceinline__ float warp_max_nonnegative(float x) {
+#if __CUDA_ARCH__ >= 800
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(x)));
+#else
+  using Reduce = cub::WarpReduce<float>;
+  __shared__ typename Reduce::TempStorage temp[kWarps];
+  const float lane0 = Reduce(temp[threadIdx.x / 32]).Reduce(x, ::cuda::maximum<float>{});
+  __syncwarp();  // the temporary storage is reused by the next reduction
+  return __shfl_sync(0xffffffffu, lane0, 0);
+#endif
+}
+
+// Requantize the E values this lane holds of a block of n elements (FULL: n is the block size) whose codes start
+// at codes, with the warp's absmax scale, stored to *scale_out.
+template <int KIND, bool FULL, int E>
+__device__ __forceinline__ void store_block(const StateCodec& c, void* codes, float* scale_out, int n,
+                                            const int (&local)[E], const float (&x)[E], int lane) {
+  if (KIND == kStateFp32) {
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+      if (FULL || local[k] < n) static_cast<float*>(codes)[local[k]] = x[k];
+    return;
+  }
+  float absmax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < E; ++k)
+    if (FULL || local[k] < n) absmax = fmaxf(absmax, fabsf(finite_or_zero(x[k])));
+  const float scale = c.scale_for(warp_max_nonnegative(absmax));
+  if (lane == 0) *scale_out = scale;
+  uint8_t* b = static_cast<uint8_t*>(codes);
+  if (KIND == kState4Bit) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
+#pragma unroll
+    for (int k = 0; k < E; k += 2) {
+      if (!FULL && local[k] >= n) continue;
+      const uint32_t hi = c.encode(finite_or_zero(x[k]), scale);
+      const uint32_t lo = FULL || local[k + 1] < n ? c.encode(finite_or_zero(x[k + 1]), scale) : 0u;
+      b[local[k] >> 1] = uint8_t((hi << 4) | lo);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+      if (FULL || local[k] < n) b[local[k]] = uint8_t(c.encode(finite_or_zero(x[k]), scale));
+  }
+}
 
 __device__ __forceinline__ int slot_of(const StepLaunch& a, int64_t block) {
   int lo = 0, hi = a.n_slots - 1;  // the last slot whose first block is <= block
@@ -103,10 +141,65 @@ __device__ __forceinline__ int slot_of(const StepLaunch& a, int64_t block) {
   return lo;
 }
 
+// What a warp needs of its slot for one block, read once: dtypes, scalars, and pointers at the block's start.
 template <class Opt, int KIND>
-__global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ StepLaunch a) {
+struct BlockArgs {
+  typename Opt::Scalars sc;
+  float factor;
+  int64_t step, start;
+  int64_t b;
+  int n;
+  Dtype param_dtype, grad_dtype;
+  void* param;
+  const void* grad;
+  void* codes[kMaxStates];
+  float* scales[kMaxStates];
+};
+
+// One block of a slot: every load is issued before the first store (the compiler cannot tell that a param store
+// aliases none of the later loads, so loads left after it would each wait for it). FULL: all kBlock elements,
+// no bounds checks.
+template <class Opt, int KIND, bool FULL>
+__device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const StateCodec (&codec)[kMaxStates],
+                                           int n_states, bool sr, uint64_t seed, int lane) {
   using G = Geometry<KIND>;
   constexpr int E = G::kPerLane;
+  float scale[kMaxStates] = {};
+#pragma unroll
+  for (int s = 0; s < kMaxStates; ++s)
+    if (KIND != kStateFp32 && s < n_states) scale[s] = *k.scales[s];
+  int local[E];
+  float p[E], g[E], x[kMaxStates][E];
+#pragma unroll
+  for (int j = 0; j < E; ++j) local[j] = G::local(lane, j);
+  load_block<FULL>(k.param_dtype, k.param, local, k.n, p);
+  load_block<FULL>(k.grad_dtype, k.grad, local, k.n, g);
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+#pragma unroll
+    for (int s = 0; s < kMaxStates; ++s)
+      x[s][j] = (FULL || local[j] < k.n) && s < n_states ? load_state<KIND>(codec[s], k.codes[s], local[j], scale[s])
+                                                        : 0.0f;
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+    if (FULL || local[j] < k.n) update<ScalarOps>(k.sc, p[j], g[j] * k.factor, x[0][j], x[1][j], x[2][j]);
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+    if (FULL || local[j] < k.n)
+      store_param(k.param_dtype, k.param, local[j], p[j], sr, seed, k.step, k.start + local[j]);
+  __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
+#pragma unroll
+  for (int s = 0; s < kMaxStates; ++s)
+    if (s < n_states) store_block<KIND, FULL>(codec[s], k.codes[s], k.scales[s], k.n, local, x[s], lane);
+  __syncwarp();
+}
+
+// At least 3 CTAs (24 warps) per multiprocessor for the quantized kinds: the step is bound by latency, and on an
+// H200 this cap (80 registers, a few spilled) ran 4-bit AdamW 1.17x and 8-bit 1.31x faster than 120 registers;
+// the FP32 kind ran fastest uncapped (docs/benchmarks.md, the GPU step).
+template <class Opt, int KIND>
+__global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3) step_kernel(const __grid_constant__ StepLaunch a) {
+  using G = Geometry<KIND>;
   const int lane = threadIdx.x & 31;
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -136,50 +229,33 @@ __global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ 
 #pragma unroll
   for (int k = 0; k < kMaxStates; ++k) codec[k] = codec_for(KIND, Opt::second_moment(k), tables);
   const float device_factor = a.grad_scale ? grad_factor(grad_scale, false) : 1.0f;
-  // The capturable step's scalars are the same for every slot
-  const OptScalars device_scalars = a.lr_scalar ? make_scalars(a.hyper, lr, int64_t(step)) : OptScalars{};
+  // The capturable step's scalars are the same for every slot: derived once per CTA, kept out of registers
+  __shared__ OptScalars device_scalars;
+  if (a.lr_scalar && threadIdx.x == 0) device_scalars = make_scalars(a.hyper, lr, int64_t(step));
+  __syncthreads();
   const float device_grad_factor = grad_factor(1.0, a.hyper.maximize);
   for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
     const int s = slot_of(a, w);
     if (a.skip[s]) continue;  // a non-finite gradient somewhere in this tensor
     const StepSlot& sl = a.slots[s];
-    const int64_t slot_step = a.lr_scalar ? int64_t(step) : sl.step;
-    const typename Opt::Scalars sc =  // by value: a reference to either would put device_scalars in local memory
-        a.lr_scalar ? device_scalars.template get<Opt>() : sl.scalars.template get<Opt>();
-    const float factor = (a.lr_scalar ? device_grad_factor : sl.grad_factor) * device_factor;
-    const int64_t b = w - a.first_block[s];
-    const int64_t start = b * G::kBlock;
-    const int64_t n = min(G::kBlock, sl.numel - start);
-    // Every load of the block is issued before the first store: the compiler cannot tell that a param store
-    // aliases none of the later loads, so loads left after it would each wait for it
-    float scale[kMaxStates] = {};
+    BlockArgs<Opt, KIND> k;
+    k.sc = a.lr_scalar ? device_scalars.template get<Opt>() : sl.scalars.template get<Opt>();
+    k.factor = (a.lr_scalar ? device_grad_factor : sl.grad_factor) * device_factor;
+    k.step = a.lr_scalar ? int64_t(step) : sl.step;
+    k.b = w - a.first_block[s];
+    k.start = k.b * G::kBlock;
+    k.n = int(min(int64_t(G::kBlock), sl.numel - k.start));
+    k.param_dtype = sl.param_dtype;
+    k.grad_dtype = sl.grad_dtype;
+    k.param = static_cast<char*>(sl.param) + k.start * (k.param_dtype == kFloat32 ? 4 : 2);
+    k.grad = static_cast<const char*>(sl.grad) + k.start * (k.grad_dtype == kFloat32 ? 4 : 2);
 #pragma unroll
-    for (int k = 0; k < kMaxStates; ++k)
-      if (KIND != kStateFp32 && k < n_states) scale[k] = sl.states[k].scales[b];
-    int local[E];
-    float p[E], g[E], x[kMaxStates][E];
-#pragma unroll
-    for (int j = 0; j < E; ++j) {
-      local[j] = G::local(lane, j);
-      const bool in = local[j] < n;
-      const int64_t e = start + local[j];
-      p[j] = in ? load_elem(sl.param_dtype, sl.param, e) : 0.0f;
-      g[j] = in ? load_elem(sl.grad_dtype, sl.grad, e) : 0.0f;
-#pragma unroll
-      for (int k = 0; k < kMaxStates; ++k)
-        x[k][j] = in && k < n_states ? load_state<KIND>(codec[k], sl.states[k], e, scale[k]) : 0.0f;
+    for (int i = 0; i < kMaxStates; ++i) {
+      k.codes[i] = i < n_states ? G::codes_at(sl.states[i].codes, k.start) : nullptr;
+      k.scales[i] = KIND != kStateFp32 && i < n_states ? sl.states[i].scales + k.b : nullptr;
     }
-#pragma unroll
-    for (int j = 0; j < E; ++j)
-      if (local[j] < n) update<ScalarOps>(sc, p[j], g[j] * factor, x[0][j], x[1][j], x[2][j]);
-#pragma unroll
-    for (int j = 0; j < E; ++j)
-      if (local[j] < n) store_param(sl, start + local[j], p[j], a.stochastic_round, a.seed, slot_step);
-    __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
-#pragma unroll
-    for (int k = 0; k < kMaxStates; ++k)
-      if (k < n_states) store_block<KIND, E>(codec[k], sl.states[k], b, start, n, local, x[k], lane);
-    __syncwarp();
+    if (k.n == G::kBlock) step_block<Opt, KIND, true>(k, codec, n_states, a.stochastic_round, a.seed, lane);
+    else step_block<Opt, KIND, false>(k, codec, n_states, a.stochastic_round, a.seed, lane);
   }
 }
 
@@ -193,11 +269,12 @@ __global__ void __launch_bounds__(kThreads) nonfinite_kernel(const __grid_consta
     const int s = slot_of(a, w);
     const StepSlot& sl = a.slots[s];
     const int64_t start = (w - a.first_block[s]) * G::kBlock;
-    const int64_t n = min(G::kBlock, sl.numel - start);
+    const int n = int(min(int64_t(G::kBlock), sl.numel - start));
+    const void* grad = static_cast<const char*>(sl.grad) + start * (sl.grad_dtype == kFloat32 ? 4 : 2);
     bool bad = false;
     for (int k = 0; k < G::kPerLane; ++k) {
-      const int64_t l = G::local(lane, k);
-      if (l < n) bad |= !isfinite(load_elem(sl.grad_dtype, sl.grad, start + l));
+      const int l = G::local(lane, k);
+      if (l < n) bad |= !isfinite(load_elem(sl.grad_dtype, grad, l));
     }
     if (__any_sync(0xffffffffu, bad) && lane == 0) a.skip[s] = 1;  // a benign race: every writer writes 1
   }
@@ -212,7 +289,9 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
   for (int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < n_blocks;
        b += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t start = b * G::kBlock;
-    const int64_t n = min(G::kBlock, a.numel - start);
+    const int n = int(min(int64_t(G::kBlock), a.numel - start));
+    void* codes = G::codes_at(a.state.codes, start);
+    float* values = a.values + start;
     const float scale = KIND == kStateFp32 ? 0.0f : a.state.scales[b];
     int local[E];
     float x[E];
@@ -221,10 +300,10 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
       local[k] = G::local(lane, k);
       x[k] = 0.0f;
       if (local[k] >= n) continue;
-      if (a.to_state) x[k] = a.values[start + local[k]];
-      else a.values[start + local[k]] = load_state<KIND>(c, a.state, start + local[k], scale);
+      if (a.to_state) x[k] = values[local[k]];
+      else values[local[k]] = load_state<KIND>(c, codes, local[k], scale);
     }
-    if (a.to_state) store_block<KIND, E>(c, a.state, b, start, n, local, x, lane);
+    if (a.to_state) store_block<KIND, false>(c, codes, KIND == kStateFp32 ? nullptr : a.state.scales + b, n, local, x, lane);
   }
 }
 
