@@ -147,7 +147,6 @@ struct BlockArgs {
   typename Opt::Scalars sc;
   float factor;
   int64_t step, start;
-  int64_t b;
   int n;
   Dtype param_dtype, grad_dtype;
   void* param;
@@ -195,8 +194,8 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const 
 }
 
 // At least 3 CTAs (24 warps) per multiprocessor for the quantized kinds: the step is bound by latency, and on an
-// H200 this cap (80 registers, a few spilled) ran 4-bit AdamW 1.17x and 8-bit 1.31x faster than 120 registers;
-// the FP32 kind ran fastest uncapped (docs/benchmarks.md, the GPU step).
+// H200 this cap (80 registers, some spilled) ran 4-bit AdamW 1.30x and 8-bit 1.25-1.31x faster than the 94-128
+// registers uncapped; the FP32 kind ran fastest uncapped (docs/benchmarks.md, the GPU step).
 template <class Opt, int KIND>
 __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3) step_kernel(const __grid_constant__ StepLaunch a) {
   using G = Geometry<KIND>;
@@ -242,8 +241,8 @@ __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3) step_ker
     k.sc = a.lr_scalar ? device_scalars.template get<Opt>() : sl.scalars.template get<Opt>();
     k.factor = (a.lr_scalar ? device_grad_factor : sl.grad_factor) * device_factor;
     k.step = a.lr_scalar ? int64_t(step) : sl.step;
-    k.b = w - a.first_block[s];
-    k.start = k.b * G::kBlock;
+    const int64_t b = w - a.first_block[s];
+    k.start = b * G::kBlock;
     k.n = int(min(int64_t(G::kBlock), sl.numel - k.start));
     k.param_dtype = sl.param_dtype;
     k.grad_dtype = sl.grad_dtype;
@@ -252,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3) step_ker
 #pragma unroll
     for (int i = 0; i < kMaxStates; ++i) {
       k.codes[i] = i < n_states ? G::codes_at(sl.states[i].codes, k.start) : nullptr;
-      k.scales[i] = KIND != kStateFp32 && i < n_states ? sl.states[i].scales + k.b : nullptr;
+      k.scales[i] = KIND != kStateFp32 && i < n_states ? sl.states[i].scales + b : nullptr;
     }
     if (k.n == G::kBlock) step_block<Opt, KIND, true>(k, codec, n_states, a.stochastic_round, a.seed, lane);
     else step_block<Opt, KIND, false>(k, codec, n_states, a.stochastic_round, a.seed, lane);

@@ -156,7 +156,44 @@ TEST_CASE("lbopt_adamw_step: CUDA equals the CPU bit for bit for every kind and 
     }
 }
 
-TEST_CASE("capturable step in a CUDA graph replays with a new lr each step and equals eager calls") {
+namespace {
+
+// Captures capture(stream) into a CUDA graph (global mode, the strictest), then for k = 1..replays: set(k) writes
+// the lr and step the graph reads, the graph replays, and eager(k, stream) makes the same step by value.
+template <class Capture, class Set, class Eager>
+void replay_against_eager(Capture capture, Set set, Eager eager, int replays) {
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  const lbopt_status captured = capture(s);
+  const std::string message = lbopt_last_error();
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);  // ends the capture whatever the step did
+  REQUIRE_MESSAGE(captured == LBOPT_OK, message);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  for (int64_t k = 1; k <= replays; ++k) {
+    set(k);
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    REQUIRE(eager(k, s) == LBOPT_OK);
+    // set() writes on the legacy stream, which s (non-blocking) does not wait for
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+lbopt_step_options on_stream(cudaStream_t s) {
+  lbopt_step_options opts;
+  lbopt_step_options_init(&opts, sizeof opts);
+  opts.stream = s;
+  return opts;
+}
+
+}  // namespace
+
+TEST_CASE("lbopt_adamw_step_capturable in a CUDA graph (float64 lr, int64 step) equals eager calls") {
   Tensor eager(LBOPT_STATE_4BIT, dt(kDLBfloat, 16), dt(kDLFloat, 32), 70001, 5);
   Tensor graphed(LBOPT_STATE_4BIT, dt(kDLBfloat, 16), dt(kDLFloat, 32), 70001, 5);
   lbopt_adamw_config cfg;
@@ -166,36 +203,26 @@ TEST_CASE("capturable step in a CUDA graph replays with a new lr each step and e
   int64_t one = 1;
   DLTensor lr_t{thrust::raw_pointer_cast(lr.data()), {kDLCUDA, 0}, 1, dt(kDLFloat, 64), &one, nullptr, 0};
   DLTensor step_t{thrust::raw_pointer_cast(step.data()), {kDLCUDA, 0}, 1, dt(kDLInt, 64), &one, nullptr, 0};
-  cudaStream_t s;
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  lbopt_step_options opts;
-  lbopt_step_options_init(&opts, sizeof opts);
-  opts.stream = s;
   const lbopt_adamw_slot gs = graphed.device_slot(1, false);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
-  const lbopt_status captured = lbopt_adamw_step_capturable(&cfg, &lr_t, &step_t, &gs, 1, &opts);
-  const std::string message = lbopt_last_error();
-  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);  // ends the capture whatever the step did
-  REQUIRE_MESSAGE(captured == LBOPT_OK, message);
-  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-  for (int64_t k = 1; k <= 5; ++k) {
-    const double value = 1e-3 * (1 + cos(double(k)));
-    lr[0] = value;
-    step[0] = k;
-    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
-    const lbopt_adamw_slot es = eager.device_slot(k, false);
-    REQUIRE(lbopt_adamw_step(&cfg, value, &es, 1, &opts) == LBOPT_OK);
-    // the next lr and step are written on the legacy stream, which s (non-blocking) does not wait for
-    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-  }
+  auto value = [](int64_t k) { return 1e-3 * (1 + cos(double(k))); };
+  replay_against_eager(
+      [&](cudaStream_t s) {
+        const lbopt_step_options opts = on_stream(s);
+        return lbopt_adamw_step_capturable(&cfg, &lr_t, &step_t, &gs, 1, &opts);
+      },
+      [&](int64_t k) {
+        lr[0] = value(k);
+        step[0] = k;
+      },
+      [&](int64_t k, cudaStream_t s) {
+        const lbopt_step_options opts = on_stream(s);
+        const lbopt_adamw_slot es = eager.device_slot(k, false);
+        return lbopt_adamw_step(&cfg, value(k), &es, 1, &opts);
+      },
+      5);
   CHECK(eager.p.download() == graphed.p.download());
   CHECK(eager.m.codes.download() == graphed.m.codes.download());
   CHECK(eager.v.scales.download() == graphed.v.scales.download());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
 }
 
 TEST_CASE("invalid device inputs return errors and write nothing") {
@@ -408,37 +435,27 @@ TEST_CASE("every optimizer: a captured lbopt_step_capturable replays with a new 
       int64_t one = 1;
       DLTensor lr_t{thrust::raw_pointer_cast(lr.data()), {kDLCUDA, 0}, 1, dt(kDLFloat, 32), &one, nullptr, 0};
       DLTensor step_t{thrust::raw_pointer_cast(step.data()), {kDLCUDA, 0}, 1, dt(kDLFloat, 32), &one, nullptr, 0};
-      cudaStream_t s;
-      REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-      lbopt_step_options opts;
-      lbopt_step_options_init(&opts, sizeof opts);
-      opts.stream = s;
       const lbopt_slot gs = graphed.slot(true, 1);
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
-      const lbopt_status captured = lbopt_step_capturable(&cfg, &lr_t, &step_t, &gs, 1, &opts);
-      const std::string message = lbopt_last_error();
-      REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);  // ends the capture whatever the step did
-      REQUIRE_MESSAGE(captured == LBOPT_OK, message);
-      REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-      for (int64_t k = 1; k <= 4; ++k) {
-        const float value = float(lr_at(k));
-        lr[0] = value;
-        step[0] = float(k);
-        REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
-        const lbopt_slot es = eager.slot(true, k);
-        REQUIRE(lbopt_step(&cfg, double(value), &es, 1, &opts) == LBOPT_OK);
-        REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);  // before the legacy stream writes the next lr
-      }
+      replay_against_eager(
+          [&](cudaStream_t s) {
+            const lbopt_step_options opts = on_stream(s);
+            return lbopt_step_capturable(&cfg, &lr_t, &step_t, &gs, 1, &opts);
+          },
+          [&](int64_t k) {
+            lr[0] = float(lr_at(k));
+            step[0] = float(k);
+          },
+          [&](int64_t k, cudaStream_t s) {
+            const lbopt_step_options opts = on_stream(s);
+            const lbopt_slot es = eager.slot(true, k);
+            return lbopt_step(&cfg, double(float(lr_at(k))), &es, 1, &opts);
+          },
+          4);
       CHECK(eager.p.download() == graphed.p.download());
       for (size_t k = 0; k < eager.states.size(); ++k) {
         CHECK(eager.states[k]->codes.download() == graphed.states[k]->codes.download());
         CHECK(eager.states[k]->scales.download() == graphed.states[k]->scales.download());
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(s);
     }
 }
 
