@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check, one script for a lent machine (about 6 minutes on one H200): the GPU suite (every optimizer, kind
-# and dtype against the CPU bit for bit, CUDA graphs, AMP, conversions, 64-bit indexing), part of it again under
-# compute-sanitizer, the step-vs-copy table of every optimizer, lbopt.torch on the GPU against the CPU
-# (tests/python/test_cuda.py), lbopt vs torch in PyTorch on the GPU, and the 4-bit and 8-bit AdamW kernels under
-# Nsight Compute. Output goes to ${OUT:-results/gpu}/gpu_run.txt.
+# The GPU check, one script for a lent machine (70-90 s on one H200, plus the machine's start): the GPU suite
+# (every optimizer, kind and dtype against the CPU bit for bit, CUDA graphs, AMP, conversions, 64-bit indexing),
+# part of it again under compute-sanitizer, the step-vs-copy table of every optimizer with the 4-bit and 8-bit
+# AdamW kernels' Nsight Compute counters, lbopt.torch on the GPU against the CPU (tests/python/test_cuda.py), and
+# lbopt vs torch in PyTorch on the GPU. Output goes to ${OUT:-results/gpu}/gpu_run.txt.
 #
 # The device image has nvcc, torch and pytest but neither Highway nor the DLPack and doctest headers, and nothing
 # can be installed there, so the binaries are built here and carried:
 #   echo /.gpu-carry/ >> .git/info/exclude
 #   meson setup build-gpu --buildtype=release -Dcuda=enabled && ninja -C build-gpu
 #   bash bench/gpu_run.sh --pack            # copies the library, libhwy, gpu_tests and bench_gpu to .gpu-carry
-# then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 540.
+# then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 300. For an A/B, copy
+# another build's liblbopt.so.0 to .gpu-carry/NAME/ after --pack: its step-vs-copy table and counters follow.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.gpu-carry
