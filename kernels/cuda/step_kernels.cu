@@ -15,8 +15,8 @@ constexpr int kThreads = 256;  // 8 warps per CTA
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGrid = 65535;
 
-// Element i of a block that starts at base: the kernels index within a block with 32-bit offsets from per-block
-// base pointers, and read the dtypes once per block.
+// Element i of a block that starts at base (the non-finite scan's load; the step loads a block at a time). The
+// kernels index within a block with 32-bit offsets from per-block base pointers.
 __device__ __forceinline__ float load_elem(Dtype dt, const void* base, int i) {
   switch (dt) {
     case kBfloat16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
