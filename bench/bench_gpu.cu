@@ -128,9 +128,9 @@ int main(int argc, char** argv) {
           });
           if (opt == LBOPT_OPTIMIZER_ADAMW) adamw_ms[{nd, kind, bf16}] = ms_step;
           const double gbs = bytes / ms_step / 1e6, copy = bytes / ms_copy / 1e6;
-          printf("| %s | %s | %s | %.0e | %.3f | %.0f | %.0f | %.0f%% | %.2fx |\n", lbopt_optimizer_name(lbopt_optimizer(opt)),
-                 kind_name(kind), bf16 ? "bf16" : "fp32", double(n), ms_step, gbs, copy, 100.0 * gbs / copy,
-                 ms_step / adamw_ms[{nd, kind, bf16}]);
+          printf("| %s | %s | %s | %.0e | %.3f | %.0f | %.0f | %.0f%% | %.2fx |\n",
+                 lbopt_optimizer_name(lbopt_optimizer(opt)), kind_name(kind), bf16 ? "bf16" : "fp32", double(n),
+                 ms_step, gbs, copy, 100.0 * gbs / copy, ms_step / adamw_ms[{nd, kind, bf16}]);
           fflush(stdout);
         }
   return 0;

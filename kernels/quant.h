@@ -68,6 +68,11 @@ LBOPT_HD uint32_t nibble_get(const uint8_t* codes, int64_t i) {
   return (codes[i >> 1] >> ((i & 1) ? 0 : 4)) & 0xfu;
 }
 
+// The byte offset of element e (a block's first, so even for 4-bit) in a state of that kind.
+LBOPT_HD int64_t state_byte(int kind, int64_t e) {
+  return kind == kState4Bit ? e >> 1 : kind == kStateFp32 ? e * 4 : e;
+}
+
 // How one state (a kind and a moment) maps floats to codes. Table pointers are supplied by the backend (host
 // arrays on the CPU, constant memory on the GPU).
 struct StateCodec {

@@ -90,6 +90,15 @@ lbopt_status check_pointer(const void* p, int device, const char* what, long lon
   return LBOPT_OK;
 }
 
+// The stream's and the pointers' checks of a call (check_pointers: a callable returning a status), with the thread
+// in relaxed capture mode.
+template <class F>
+lbopt_status check_call(cudaStream_t stream, int device, const F& check_pointers) {
+  const RelaxedCapture relaxed;
+  LBOPT_TRY(check_stream(stream, device));
+  return check_pointers();
+}
+
 lbopt_status check_state_pointers(const StateRef& st, int device, const char* codes, const char* scales,
                                   long long slot) {
   LBOPT_TRY(check_pointer(st.codes, device, codes, slot));
@@ -118,11 +127,7 @@ lbopt_status cuda_step(const StepPlan& plan) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  {
-    const RelaxedCapture relaxed;
-    LBOPT_TRY(check_stream(stream, plan.device.id));
-    LBOPT_TRY(check_plan_pointers(plan));
-  }
+  LBOPT_TRY(check_call(stream, plan.device.id, [&] { return check_plan_pointers(plan); }));
 
   const size_t n = plan.slots.size();
   // Per-slot skip flags: the caller's options.skipped, or stream-ordered scratch (pooled, no synchronization).
@@ -173,13 +178,11 @@ lbopt_status cuda_convert(const ConvertPlan& plan, bool to_state) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  {
-    const RelaxedCapture relaxed;
-    LBOPT_TRY(check_stream(stream, plan.device.id));
+  LBOPT_TRY(check_call(stream, plan.device.id, [&] {
     LBOPT_TRY(check_pointer(plan.values, plan.device.id, to_state ? "src" : "dst"));
-    LBOPT_TRY(check_state_pointers(plan.state, plan.device.id, to_state ? "dst.codes" : "src.codes",
-                                   to_state ? "dst.scales" : "src.scales", -1));
-  }
+    return check_state_pointers(plan.state, plan.device.id, to_state ? "dst.codes" : "src.codes",
+                                to_state ? "dst.scales" : "src.scales", -1);
+  }));
   const cuda::ConvertLaunch a{plan.kind, plan.second_moment, to_state, plan.numel, plan.values, plan.state};
   const cudaError_t e = cuda::launch_convert(a, stream);
   return e == cudaSuccess ? LBOPT_OK : cuda_fail(e, "conversion kernel launch");
@@ -193,11 +196,9 @@ lbopt_status cuda_state_init(const ConvertPlan& plan) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  {
-    const RelaxedCapture relaxed;
-    LBOPT_TRY(check_stream(stream, plan.device.id));
-    LBOPT_TRY(check_state_pointers(plan.state, plan.device.id, "state.codes", "state.scales", -1));
-  }
+  LBOPT_TRY(check_call(stream, plan.device.id, [&] {
+    return check_state_pointers(plan.state, plan.device.id, "state.codes", "state.scales", -1);
+  }));
   const lbopt_layout layout = layout_of(plan.kind, plan.numel);
   if (layout.codes_bytes)
     LBOPT_CUDA_TRY(cudaMemsetAsync(plan.state.codes, 0, size_t(layout.codes_bytes), stream), "cudaMemsetAsync");

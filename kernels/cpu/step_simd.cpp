@@ -135,11 +135,6 @@ HWY_INLINE void scale_table(const SimdCodec& sc, float scale, Table16& scaled) {
     hn::Store(hn::Mul(hn::Load(df, sc.values.t + c), hn::Set(df, scale)), df, scaled.t + c);
 }
 
-// The byte offset of element e (a block's first) in a state of that kind.
-HWY_INLINE int64_t state_byte(int kind, int64_t e) {
-  return kind == kState4Bit ? e >> 1 : kind == kStateFp32 ? e * 4 : e;
-}
-
 // Where decode_vec reads block b of a quantized state.
 template <int kKind>
 HWY_INLINE const uint8_t* block_codes(StateRef st, int64_t start) {

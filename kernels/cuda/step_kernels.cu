@@ -71,9 +71,9 @@ struct Geometry {
   __device__ static int local(int lane, int k) {
     return KIND == kState4Bit ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
   }
-  // A state's codes from the block's first element on (4-bit blocks start at an even element).
+  // A state's codes from the block's first element on.
   __device__ static void* codes_at(void* codes, int64_t start) {
-    return static_cast<char*>(codes) + (KIND == kState4Bit ? start / 2 : KIND == kStateFp32 ? start * 4 : start);
+    return static_cast<char*>(codes) + state_byte(KIND, start);
   }
 };
 
@@ -82,7 +82,7 @@ template <int KIND>
 __device__ __forceinline__ float load_state(const StateCodec& c, const void* codes, int i, float scale) {
   if (KIND == kStateFp32) return static_cast<const float*>(codes)[i];
   const uint8_t* b = static_cast<const uint8_t*>(codes);
-  return c.decode(KIND == kState4Bit ? (b[i >> 1] >> ((i & 1) ? 0 : 4)) & 0xfu : b[i], scale);
+  return c.decode(KIND == kState4Bit ? nibble_get(b, i) : b[i], scale);
 }
 
 // Max over the warp of values >= 0, in every lane: their IEEE bits order as the values do.
@@ -197,7 +197,8 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const 
 // H200 this cap (80 registers, some spilled) ran 4-bit AdamW 1.30x and 8-bit 1.25-1.31x faster than the 94-128
 // registers uncapped; the FP32 kind ran fastest uncapped (docs/benchmarks.md, the GPU step).
 template <class Opt, int KIND>
-__global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3) step_kernel(const __grid_constant__ StepLaunch a) {
+__global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3)
+    step_kernel(const __grid_constant__ StepLaunch a) {
   using G = Geometry<KIND>;
   const int lane = threadIdx.x & 31;
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -302,7 +303,8 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
       if (a.to_state) x[k] = values[local[k]];
       else values[local[k]] = load_state<KIND>(c, codes, local[k], scale);
     }
-    if (a.to_state) store_block<KIND, false>(c, codes, KIND == kStateFp32 ? nullptr : a.state.scales + b, n, local, x, lane);
+    if (a.to_state)
+      store_block<KIND, false>(c, codes, KIND == kStateFp32 ? nullptr : a.state.scales + b, n, local, x, lane);
   }
 }
 

@@ -58,51 +58,77 @@ struct StateMirror {
   lbopt_state device(lbopt_state_kind k) { return {&codes.d, k == LBOPT_STATE_FP32 ? nullptr : &scales.d}; }
 };
 
-struct Tensor {
+// Normal values of the given scale, in t's dtype (16-bit: truncated float bits for bf16, CUDA's conversion for
+// fp16; any valid value will do).
+void fill(Mirror& t, std::mt19937_64& rng, float scale) {
+  std::normal_distribution<float> nd;
+  for (int64_t i = 0; i < t.shape; ++i) {
+    const float x = nd(rng) * scale;
+    if (t.h.dtype.bits == 32) {
+      reinterpret_cast<float*>(t.host.data())[i] = x;
+    } else {
+      uint32_t u;
+      memcpy(&u, &x, 4);
+      const __half h = __float2half_rn(x);
+      uint16_t b;
+      memcpy(&b, &h, 2);
+      reinterpret_cast<uint16_t*>(t.host.data())[i] = t.h.dtype.code == kDLBfloat ? uint16_t(u >> 16) : b;
+    }
+  }
+}
+
+int64_t mismatches(const Mirror& m);
+
+using Config = lbopt_optimizer_config;
+
+// A param, its grad and the optimizer's states, on the host and the device alike.
+struct Slots {
   lbopt_state_kind kind;
   int64_t n;
   Mirror p, g;
-  StateMirror m, v, vmax;
-  Tensor(lbopt_state_kind k, DLDataType pt, DLDataType gt, int64_t numel, uint64_t seed)
-      : kind(k), n(numel), p(pt, numel), g(gt, numel), m(k, numel), v(k, numel), vmax(k, numel) {
+  std::vector<StateMirror*> states;
+  Slots(const Config& c, DLDataType pt, DLDataType gt, int64_t numel, uint64_t seed)
+      : kind(c.state_kind), n(numel), p(pt, numel), g(gt, numel) {
+    lbopt_state_info info[LBOPT_MAX_STATES];
+    size_t n_states = 0;
+    REQUIRE_MESSAGE(lbopt_optimizer_states(&c, info, &n_states) == LBOPT_OK, std::string(lbopt_last_error()));
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd;
     fill(p, rng, 0.1f);
     fill(g, rng, 0.01f);
-    for (StateMirror* s : {&m, &v, &vmax}) {  // start from a quantized random state
+    for (size_t k = 0; k < n_states; ++k) {  // start from a random state on the state's own codebook
+      states.push_back(new StateMirror(kind, numel));
       Mirror x(dt(kDLFloat, 32), numel);
-      for (int64_t i = 0; i < numel; ++i) reinterpret_cast<float*>(x.host.data())[i] = fabsf(nd(rng)) * 1e-3f;
-      REQUIRE(lbopt_quantize(k, s == &m ? LBOPT_MOMENT_FIRST : LBOPT_MOMENT_SECOND, &x.h, s->host(k), nullptr) ==
-              LBOPT_OK);
-      s->codes.upload();
-      s->scales.upload();
+      const bool second = info[k].moment == LBOPT_MOMENT_SECOND;
+      for (int64_t i = 0; i < numel; ++i) {
+        const float r = nd(rng) * 1e-3f;
+        reinterpret_cast<float*>(x.host.data())[i] = second ? r * r : r;
+      }
+      REQUIRE(lbopt_quantize(kind, lbopt_moment(info[k].moment), &x.h, states.back()->host(kind), nullptr) == LBOPT_OK);
+      states.back()->codes.upload();
+      states.back()->scales.upload();
     }
     p.upload();
     g.upload();
   }
-  static void fill(Mirror& t, std::mt19937_64& rng, float scale) {
-    std::normal_distribution<float> nd;
-    for (int64_t i = 0; i < t.shape; ++i) {
-      const float x = nd(rng) * scale;
-      if (t.h.dtype.bits == 32) {
-        reinterpret_cast<float*>(t.host.data())[i] = x;
-      } else {  // any valid 16-bit value will do: truncated float bits (bf16) or CUDA's conversion (fp16)
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        const __half h = __float2half_rn(x);
-        uint16_t b;
-        memcpy(&b, &h, 2);
-        reinterpret_cast<uint16_t*>(t.host.data())[i] = t.h.dtype.code == kDLBfloat ? uint16_t(u >> 16) : b;
-      }
-    }
+  ~Slots() {
+    for (StateMirror* s : states) delete s;
   }
-  lbopt_adamw_slot host_slot(int64_t step, bool ams) {
-    return {sizeof(lbopt_adamw_slot), &p.h, &g.h, m.host(kind), v.host(kind), ams ? vmax.host(kind) : lbopt_state{},
-            step};
+  lbopt_slot slot(bool device, int64_t step) {
+    lbopt_slot s{sizeof(lbopt_slot), device ? &p.d : &p.h, device ? &g.d : &g.h, {}, step};
+    for (size_t k = 0; k < states.size(); ++k) s.states[k] = device ? states[k]->device(kind) : states[k]->host(kind);
+    return s;
   }
-  lbopt_adamw_slot device_slot(int64_t step, bool ams) {
-    return {sizeof(lbopt_adamw_slot), &p.d, &g.d, m.device(kind), v.device(kind),
-            ams ? vmax.device(kind) : lbopt_state{}, step};
+  // AdamW's states as lbopt_adamw_slot takes them: m, v, and vmax when there is a third.
+  lbopt_adamw_slot adamw_slot(bool device, int64_t step) {
+    const lbopt_slot s = slot(device, step);
+    return {sizeof(lbopt_adamw_slot), s.param, s.grad, s.states[0], s.states[1], s.states[2], step};
+  }
+  // Bytes of the device copies that differ from the host copies.
+  int64_t mismatches() const {
+    int64_t bad = ::mismatches(p);  // the free function, not this member
+    for (const StateMirror* s : states) bad += ::mismatches(s->codes) + ::mismatches(s->scales);
+    return bad;
   }
 };
 
@@ -115,10 +141,14 @@ int64_t mismatches(const Mirror& m) {
   return bad;
 }
 
-int64_t mismatches(const Tensor& t) {
-  int64_t bad = mismatches(t.p);
-  for (const StateMirror* s : {&t.m, &t.v, &t.vmax}) bad += mismatches(s->codes) + mismatches(s->scales);
-  return bad;
+
+// The generic config of an lbopt_adamw_config: it names the states a slot of it holds.
+Config generic_of(const lbopt_adamw_config& c) {
+  Config g;
+  REQUIRE(lbopt_optimizer_config_init(&g, sizeof g, LBOPT_OPTIMIZER_ADAMW) == LBOPT_OK);
+  g.state_kind = c.state_kind;
+  g.flags = c.flags;
+  return g;
 }
 
 }  // namespace
@@ -129,30 +159,32 @@ TEST_CASE("lbopt_adamw_step: CUDA equals the CPU bit for bit for every kind and 
     for (uint32_t flags : {0u, unsigned(LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_BF16_STOCHASTIC_ROUND)}) {
       CAPTURE(kind);
       CAPTURE(flags);
-      std::vector<Tensor*> ts;
-      // 9 dtype pairs x sizes with partial blocks and odd 4-bit counts, plus enough small ones for > 1 launch
-      const int64_t sizes[] = {1, 3, 127, 129, 257, 4099, 100003};
-      int seed = 0;
-      for (const DLDataType& pt : dts)
-        for (const DLDataType& gt : dts)
-          for (int64_t n : sizes) ts.push_back(new Tensor(lbopt_state_kind(kind), pt, gt, n, uint64_t(++seed)));
-      for (int i = 0; i < 80; ++i) ts.push_back(new Tensor(lbopt_state_kind(kind), dts[0], dts[1], 1 + i * 37, uint64_t(++seed)));
       lbopt_adamw_config cfg;
       lbopt_adamw_config_init(&cfg, sizeof cfg);
       cfg.state_kind = lbopt_state_kind(kind);
       cfg.flags = flags;
       cfg.seed = 77;
-      const bool ams = flags & LBOPT_FLAG_AMSGRAD;
+      const Config slots_of = generic_of(cfg);
+      std::vector<Slots*> ts;
+      // 9 dtype pairs x sizes with partial blocks and odd 4-bit counts, plus enough small ones for > 1 launch
+      const int64_t sizes[] = {1, 3, 127, 129, 257, 4099, 100003};
+      int seed = 0;
+      for (const DLDataType& pt : dts)
+        for (const DLDataType& gt : dts)
+          for (int64_t n : sizes) ts.push_back(new Slots(slots_of, pt, gt, n, uint64_t(++seed)));
+      for (int i = 0; i < 80; ++i) ts.push_back(new Slots(slots_of, dts[0], dts[1], 1 + i * 37, uint64_t(++seed)));
       std::vector<lbopt_adamw_slot> hs, ds;
-      for (Tensor* t : ts) {
-        hs.push_back(t->host_slot(3, ams));
-        ds.push_back(t->device_slot(3, ams));
+      for (Slots* t : ts) {
+        hs.push_back(t->adamw_slot(false, 3));
+        ds.push_back(t->adamw_slot(true, 3));
       }
-      REQUIRE_MESSAGE(lbopt_adamw_step(&cfg, 2e-3, hs.data(), hs.size(), nullptr) == LBOPT_OK, std::string(lbopt_last_error()));
-      REQUIRE_MESSAGE(lbopt_adamw_step(&cfg, 2e-3, ds.data(), ds.size(), nullptr) == LBOPT_OK, std::string(lbopt_last_error()));
+      REQUIRE_MESSAGE(lbopt_adamw_step(&cfg, 2e-3, hs.data(), hs.size(), nullptr) == LBOPT_OK,
+                      std::string(lbopt_last_error()));
+      REQUIRE_MESSAGE(lbopt_adamw_step(&cfg, 2e-3, ds.data(), ds.size(), nullptr) == LBOPT_OK,
+                      std::string(lbopt_last_error()));
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      for (Tensor* t : ts) CHECK(mismatches(*t) == 0);
-      for (Tensor* t : ts) delete t;
+      for (Slots* t : ts) CHECK(t->mismatches() == 0);
+      for (Slots* t : ts) delete t;
     }
 }
 
@@ -194,16 +226,16 @@ lbopt_step_options on_stream(cudaStream_t s) {
 }  // namespace
 
 TEST_CASE("lbopt_adamw_step_capturable in a CUDA graph (float64 lr, int64 step) equals eager calls") {
-  Tensor eager(LBOPT_STATE_4BIT, dt(kDLBfloat, 16), dt(kDLFloat, 32), 70001, 5);
-  Tensor graphed(LBOPT_STATE_4BIT, dt(kDLBfloat, 16), dt(kDLFloat, 32), 70001, 5);
   lbopt_adamw_config cfg;
   lbopt_adamw_config_init(&cfg, sizeof cfg);
+  Slots eager(generic_of(cfg), dt(kDLBfloat, 16), dt(kDLFloat, 32), 70001, 5);
+  Slots graphed(generic_of(cfg), dt(kDLBfloat, 16), dt(kDLFloat, 32), 70001, 5);
   thrust::device_vector<double> lr(1);
   thrust::device_vector<int64_t> step(1);
   int64_t one = 1;
   DLTensor lr_t{thrust::raw_pointer_cast(lr.data()), {kDLCUDA, 0}, 1, dt(kDLFloat, 64), &one, nullptr, 0};
   DLTensor step_t{thrust::raw_pointer_cast(step.data()), {kDLCUDA, 0}, 1, dt(kDLInt, 64), &one, nullptr, 0};
-  const lbopt_adamw_slot gs = graphed.device_slot(1, false);
+  const lbopt_adamw_slot gs = graphed.adamw_slot(true, 1);
   auto value = [](int64_t k) { return 1e-3 * (1 + cos(double(k))); };
   replay_against_eager(
       [&](cudaStream_t s) {
@@ -216,23 +248,23 @@ TEST_CASE("lbopt_adamw_step_capturable in a CUDA graph (float64 lr, int64 step) 
       },
       [&](int64_t k, cudaStream_t s) {
         const lbopt_step_options opts = on_stream(s);
-        const lbopt_adamw_slot es = eager.device_slot(k, false);
+        const lbopt_adamw_slot es = eager.adamw_slot(true, k);
         return lbopt_adamw_step(&cfg, value(k), &es, 1, &opts);
       },
       5);
   CHECK(eager.p.download() == graphed.p.download());
-  CHECK(eager.m.codes.download() == graphed.m.codes.download());
-  CHECK(eager.v.scales.download() == graphed.v.scales.download());
+  CHECK(eager.states[0]->codes.download() == graphed.states[0]->codes.download());
+  CHECK(eager.states[1]->scales.download() == graphed.states[1]->scales.download());
 }
 
 TEST_CASE("invalid device inputs return errors and write nothing") {
-  Tensor t(LBOPT_STATE_8BIT, dt(kDLFloat, 32), dt(kDLFloat, 32), 1000, 9);
   lbopt_adamw_config cfg;
   lbopt_adamw_config_init(&cfg, sizeof cfg);
   cfg.state_kind = LBOPT_STATE_8BIT;
+  Slots t(generic_of(cfg), dt(kDLFloat, 32), dt(kDLFloat, 32), 1000, 9);
   const auto before = t.p.download();
   {
-    lbopt_adamw_slot s = t.device_slot(1, false);
+    lbopt_adamw_slot s = t.adamw_slot(true, 1);
     DLTensor host_as_device = t.g.h;  // host memory claimed to be on cuda:0
     host_as_device.device = {kDLCUDA, 0};
     s.grad = &host_as_device;
@@ -242,7 +274,7 @@ TEST_CASE("invalid device inputs return errors and write nothing") {
   {
     int devices = 0;
     cudaGetDeviceCount(&devices);
-    lbopt_adamw_slot s = t.device_slot(1, false);
+    lbopt_adamw_slot s = t.adamw_slot(true, 1);
     DLTensor other = t.g.d;
     other.device = {kDLCUDA, devices};  // a device that does not exist
     s.grad = &other;
@@ -326,51 +358,6 @@ Config config_of(const Spec& s, int kind, uint32_t extra_flags) {
   return c;
 }
 
-// A param, its grad and the optimizer's states, on the host and the device alike.
-struct Slots {
-  lbopt_state_kind kind;
-  int64_t n;
-  Mirror p, g;
-  std::vector<StateMirror*> states;
-  Slots(const Config& c, DLDataType pt, DLDataType gt, int64_t numel, uint64_t seed)
-      : kind(c.state_kind), n(numel), p(pt, numel), g(gt, numel) {
-    lbopt_state_info info[LBOPT_MAX_STATES];
-    size_t n_states = 0;
-    REQUIRE_MESSAGE(lbopt_optimizer_states(&c, info, &n_states) == LBOPT_OK, std::string(lbopt_last_error()));
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> nd;
-    Tensor::fill(p, rng, 0.1f);
-    Tensor::fill(g, rng, 0.01f);
-    for (size_t k = 0; k < n_states; ++k) {  // start from a random state on the state's own codebook
-      states.push_back(new StateMirror(kind, numel));
-      Mirror x(dt(kDLFloat, 32), numel);
-      const bool second = info[k].moment == LBOPT_MOMENT_SECOND;
-      for (int64_t i = 0; i < numel; ++i) {
-        const float r = nd(rng) * 1e-3f;
-        reinterpret_cast<float*>(x.host.data())[i] = second ? r * r : r;
-      }
-      REQUIRE(lbopt_quantize(kind, lbopt_moment(info[k].moment), &x.h, states.back()->host(kind), nullptr) == LBOPT_OK);
-      states.back()->codes.upload();
-      states.back()->scales.upload();
-    }
-    p.upload();
-    g.upload();
-  }
-  ~Slots() {
-    for (StateMirror* s : states) delete s;
-  }
-  lbopt_slot slot(bool device, int64_t step) {
-    lbopt_slot s{sizeof(lbopt_slot), device ? &p.d : &p.h, device ? &g.d : &g.h, {}, step};
-    for (size_t k = 0; k < states.size(); ++k) s.states[k] = device ? states[k]->device(kind) : states[k]->host(kind);
-    return s;
-  }
-  // Bytes of the device copies that differ from the host copies.
-  int64_t mismatches() const {
-    int64_t bad = ::mismatches(p);
-    for (const StateMirror* s : states) bad += ::mismatches(s->codes) + ::mismatches(s->scales);
-    return bad;
-  }
-};
 
 double lr_at(int64_t step) { return 1e-3 * (1.0 + 0.5 * cos(0.7 * double(step))); }
 
@@ -401,8 +388,9 @@ TEST_CASE("every optimizer, state kind and dtype pair: the CUDA step equals the 
             hs.push_back(t->slot(false, step));
             ds.push_back(t->slot(true, step));
           }
-          REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), hs.data(), hs.size(), nullptr) == LBOPT_OK, std::string(lbopt_last_error()));
-          REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), ds.data(), ds.size(), nullptr) == LBOPT_OK, std::string(lbopt_last_error()));
+          for (const std::vector<lbopt_slot>* side : {&hs, &ds})
+            REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), side->data(), side->size(), nullptr) == LBOPT_OK,
+                            std::string(lbopt_last_error()));
         }
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         int64_t bad = 0, bad_tensors = 0;
@@ -466,7 +454,8 @@ TEST_CASE("AMP on the device: grad_scale, skip_nonfinite and found_inf give the 
       CAPTURE(kind);
       const Config cfg = config_of(spec, kind, LBOPT_FLAG_SKIP_NONFINITE);
       std::vector<Slots*> ts;
-      for (int i = 0; i < 3; ++i) ts.push_back(new Slots(cfg, dt(kDLFloat, 32), dt(kDLFloat, 16), 3000 + 517 * i, 40 + i));
+      for (int i = 0; i < 3; ++i)
+        ts.push_back(new Slots(cfg, dt(kDLFloat, 32), dt(kDLFloat, 16), 3000 + 517 * i, 40 + i));
       // grads scaled by 2^10 as GradScaler leaves them; tensor 1 holds an Inf
       for (Slots* t : ts) {
         uint16_t* g = reinterpret_cast<uint16_t*>(t->g.host.data());
@@ -531,16 +520,17 @@ TEST_CASE("quantize, dequantize and state_init on the device equal the CPU's bit
           xs[i] = i % 13 == 0 ? 0.0f : moment == LBOPT_MOMENT_SECOND ? fabsf(r) : r;
         }
         x.upload();
-        StateMirror st(lbopt_state_kind(kind), n);
-        REQUIRE(lbopt_quantize(lbopt_state_kind(kind), moment, &x.h, st.host(lbopt_state_kind(kind)), nullptr) == LBOPT_OK);
-        REQUIRE(lbopt_quantize(lbopt_state_kind(kind), moment, &x.d, st.device(lbopt_state_kind(kind)), nullptr) == LBOPT_OK);
-        REQUIRE(lbopt_dequantize(lbopt_state_kind(kind), moment, st.host(lbopt_state_kind(kind)), &back.h, nullptr) == LBOPT_OK);
-        REQUIRE(lbopt_dequantize(lbopt_state_kind(kind), moment, st.device(lbopt_state_kind(kind)), &back.d, nullptr) == LBOPT_OK);
+        const lbopt_state_kind k = lbopt_state_kind(kind);
+        StateMirror st(k, n);
+        REQUIRE(lbopt_quantize(k, moment, &x.h, st.host(k), nullptr) == LBOPT_OK);
+        REQUIRE(lbopt_quantize(k, moment, &x.d, st.device(k), nullptr) == LBOPT_OK);
+        REQUIRE(lbopt_dequantize(k, moment, st.host(k), &back.h, nullptr) == LBOPT_OK);
+        REQUIRE(lbopt_dequantize(k, moment, st.device(k), &back.d, nullptr) == LBOPT_OK);
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         CHECK(st.codes.download() == st.codes.host);
         CHECK(st.scales.download() == st.scales.host);
         CHECK(back.download() == back.host);
-        REQUIRE(lbopt_state_init(lbopt_state_kind(kind), n, st.device(lbopt_state_kind(kind)), nullptr) == LBOPT_OK);
+        REQUIRE(lbopt_state_init(k, n, st.device(k), nullptr) == LBOPT_OK);
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         for (uint8_t b : st.codes.download()) REQUIRE(b == 0);
         for (uint8_t b : st.scales.download()) REQUIRE(b == 0);
