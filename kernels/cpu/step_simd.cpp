@@ -87,11 +87,11 @@ HWY_INLINE VU nibble_shifts() {
 }
 
 // table[code] per lane for the 8-bit codes at `bytes` (code: the same, widened). AVX2: eight scalar loads, with the
-// code bytes read from memory, joined by shuffles. Zen 3 runs a ymm gather in about 8 cycles of microcode,
-// throughput, and these 23 plain instructions in about 5 (8-bit AdamW 3.07 -> 2.74 ns/elem in cache, SGD 1.49 ->
-// 1.24, AdEMAMix 4.56 -> 4.13; docs/benchmarks.md). The 8-bit encode's bucket-table gather, whose indices are a
-// vector result that would go through memory first, gained nothing that way. Other targets keep the gather (an
-// AVX-512 host was not at hand to measure it).
+// code bytes read from memory, joined by shuffles: on Zen 3, 9.0 cycles a vector against a gather's 11.7
+// (tools/insn_throughput.c), and 8-bit AdamW 3.07 -> 2.74 ns/elem in cache, 1.82 -> 1.40 at 64M with 2 threads
+// (docs/benchmarks.md, eighth pass). The 8-bit encode's bucket-table gather, whose indices are a vector result,
+// gained nothing that way (through memory) or lost 4-12% (through general registers). Other targets keep the
+// gather: an AVX-512 host was not at hand to measure it.
 HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes, VU code) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   (void)code;
