@@ -468,17 +468,21 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // Quantized states on x86: block b's values go to buf[b % 2], and the encode of block b - 1 (from the other
   // half) runs vector by vector in block b's update loop. An update there is bound by its divider (square root
   // and divisions), an encode by integer and permute work: interleaved, one fills the other's idle units (AVX-512
-  // 4-bit AdamW 1.46 -> 1.28 ns/elem, 8-bit 2.2 -> 1.85 at 16M, 1 thread). AVX2, with 16 vector registers, first
-  // lost 5-15% that way (spills); with the leaner loops of since (shaped loops, compile-time roles, the bucket
-  // 8-bit encode) it gains too: 4-bit AdamW 1.465 -> 1.382 in cache and 1.71 -> 1.59 at 16M, 8-bit 2.25 -> 1.90
-  // at 16M. Other targets, unmeasured, encode each block right after its update.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  // 4-bit AdamW 1.46 -> 1.28 ns/elem, 8-bit 2.2 -> 1.85 at 16M, 1 thread; AdEMAMix 8-bit 2.17 -> 2.04, FP8 2.03
+  // -> 1.80). AVX2 has 16 vector registers, and on a real AVX2 host (Zen 3) only the 8-bit step with one or two
+  // states gains (AdamW 1.434 -> 1.388 ns/elem at 64M with 2 threads, SGD 0.813 -> 0.687: the gathers' latency
+  // hidden); every other loop runs faster with each block encoded right after its update (pipelined, 4-bit AdamW
+  // took 1.601 ns/elem in cache against 1.367, and 0.842 against 0.704 at 64M with 2 threads; FP8 1.062 against
+  // 0.965; AdEMAMix 4-bit 1.190 against 1.076; docs/benchmarks.md, eighth pass). Intel restricted to AVX2 had
+  // measured gains for all kinds (1.465 -> 1.382 in cache for 4-bit AdamW), but AVX2 code runs only on CPUs
+  // without AVX-512. Other targets, unmeasured, encode each block right after its update.
+#if HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2
   constexpr bool kPipelined = kQuantized;
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  constexpr bool kPipelined = kKind == kState8Bit && S::states < 3;
 #else
   constexpr bool kPipelined = false;
 #endif
-  // Three 8-bit or FP8 states (AdEMAMix, AMSGrad) once lost 5% that way; now AdEMAMix at 16M gains (AVX-512 8-bit
-  // 2.17 -> 2.04, FP8 2.03 -> 1.80; AVX2 2.76 -> 2.65, 2.97 -> 2.72), where in cache it is within 3% either way.
   // (rows padded by 64 bytes: no two rows 4 KiB apart, whose loads and stores the CPU would take as aliasing)
   HWY_ALIGN float buf[2][kMaxStates][kMaxBlock + 16];
   float absmax[kMaxStates] = {};
