@@ -95,7 +95,7 @@ HWY_INLINE VU nibble_shifts() {
 HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes, VU code) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   (void)code;
-  const auto pair = [&](int j) {
+  const auto pair = [&](int j) HWY_ATTR {
     return _mm_unpacklo_ps(_mm_load_ss(table + bytes[j]), _mm_load_ss(table + bytes[j + 1]));
   };
   const __m128 low = _mm_movelh_ps(pair(0), pair(2)), high = _mm_movelh_ps(pair(4), pair(6));
