@@ -86,23 +86,21 @@ HWY_INLINE VU nibble_shifts() {
   return hn::ShiftLeft<2>(hn::Xor(hn::And(hn::Iota(du, 0), one), one));
 }
 
-// table[code] per lane for the 8-bit codes at `bytes` (code: the same, widened). AVX2: eight scalar loads, with the
-// code bytes read from memory, joined by shuffles: on Zen 3, 9.0 cycles a vector against a gather's 11.7
+// table[code] per lane for the lanes' 8-bit codes at `bytes`. AVX2: eight scalar loads, with the code bytes read
+// from memory, joined by shuffles: on Zen 3, 9.0 cycles a vector against a gather's 11.7
 // (tools/insn_throughput.c), and 8-bit AdamW 3.07 -> 2.74 ns/elem in cache, 1.82 -> 1.40 at 64M with 2 threads
 // (docs/benchmarks.md, eighth pass). The 8-bit encode's bucket-table gather, whose indices are a vector result,
 // gained nothing that way (through memory) or lost 4-12% (through general registers). Other targets keep the
 // gather: an AVX-512 host was not at hand to measure it.
-HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes, VU code) {
+HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  (void)code;
   const auto pair = [&](int j) HWY_ATTR {
     return _mm_unpacklo_ps(_mm_load_ss(table + bytes[j]), _mm_load_ss(table + bytes[j + 1]));
   };
   const __m128 low = _mm_movelh_ps(pair(0), pair(2)), high = _mm_movelh_ps(pair(4), pair(6));
   return VF{_mm256_insertf128_ps(_mm256_castps128_ps256(low), high, 1)};
 #else
-  (void)bytes;
-  return hn::GatherIndex(DF(), table, hn::BitCast(DI(), code));
+  return hn::GatherIndex(DF(), table, hn::BitCast(DI(), hn::PromoteTo(DU(), hn::LoadU(DU8(), bytes))));
 #endif
 }
 
@@ -133,8 +131,8 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
     return lookup16(scaled, hn::BitCast(DI(), code));
 #endif
   }
-  const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
   if (kKind == kStateFp8) {
+    const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
     // e4m3's exponent and mantissa bits moved to float's place and rebiased by an integer add give the normal
     // values; the subnormals (exponent 0) are m * 2^-9. No float operand is subnormal: on x86 each one costs a
     // microcode assist (this decode had one per small v code: FP8 AdamW 2.2 -> 1.6 ns/elem on AVX-512).
@@ -145,7 +143,7 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
     const auto sign = hn::BitCast(df, hn::ShiftLeft<24>(hn::And(code, hn::Set(du, 0x80u))));
     return hn::Mul(hn::Or(mag, sign), scale);
   }
-  return hn::Mul(lookup256(sc.c.values, codes + i, code), scale);
+  return hn::Mul(lookup256(sc.c.values, codes + i), scale);
 }
 
 // decode_vec's 4-bit table for a block of scale `scale`.
