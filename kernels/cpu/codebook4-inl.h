@@ -69,6 +69,47 @@ struct SignedTables {
 };
 inline const SignedTables kSignedTables;
 
+// Encode4Signed's AVX2 form. a = RN(|y| kByteC + 2^-7), for |y| <= 2, lies in [2^-7, 2), where bits 22-25 of its
+// float (the exponent's low 3 bits and the top mantissa bit) number 16 buckets, each half a binade; for |y| <= 1
+// the buckets 0 .. 13. a is monotonic in |y| (one rounding of an affine map), so a midpoint m whose A(m) = a(m)
+// lies below bucket j is <= every |y| in it, and one above it is > every |y| there: count[j] holds the midpoints
+// of mids[7..14] with A(m) below bucket j (at most 7), and the one A(m) that may lie in the bucket is mids[7 +
+// count[j]], which one compare settles. kByteC is chosen so that no bucket holds two (checked below).
+constexpr float kByteC = 0.875f;
+constexpr float kByteOffset = 0x1p-7f;
+struct SignedByteBuckets {
+  alignas(16) uint8_t count[16] = {};
+  alignas(32) int32_t mid_bits[8] = {};  // bits of mids[7 + c], less one
+  bool one_per_bucket = true;
+};
+constexpr SignedByteBuckets signed_byte_buckets() {
+  SignedByteBuckets b;
+  // A(m) as the fused multiply-add rounds it: m kByteC + 2^-7 is exact in double, and one conversion rounds it
+  double a[8] = {};
+  for (int k = 0; k < 8; ++k) {
+    a[k] = double(float(double(codebook::kSigned4Mids[7 + k]) * double(kByteC) + double(kByteOffset)));
+    b.mid_bits[k] = int32_t(__builtin_bit_cast(uint32_t, codebook::kSigned4Mids[7 + k])) - 1;
+  }
+  if (!(double(kByteC) * 2 + double(kByteOffset) < 2.0)) b.one_per_bucket = false;  // a for |y| <= 2 below 2
+  for (int j = 0; j < 16; ++j) {
+    double low = double(kByteOffset), p = double(kByteOffset);  // the binade of exponent 120 + j / 2
+    for (int e = 0; e < j / 2; ++e) p *= 2;
+    low = p * (1 + (j & 1) / 2.0);
+    const double high = low + p / 2;
+    int below = 0, in = 0;
+    for (int k = 0; k < 8; ++k) {
+      below += a[k] < low;
+      in += a[k] >= low && a[k] < high;
+    }
+    if (in > 1 || (in == 1 && below == 8)) b.one_per_bucket = false;
+    b.count[j] = uint8_t(below < 7 ? below : 7);  // all 8 below: the compare with mids[14] adds the eighth
+  }
+  return b;
+}
+static_assert(signed_byte_buckets().one_per_bucket, "a byte bucket of the signed 4-bit map holds two midpoints");
+alignas(32) inline constexpr SignedByteBuckets kSignedByteBuckets = signed_byte_buckets();
+static_assert(kSignedByteBuckets.count[0] == 0, "Encode4Signed's byte shuffle needs count[0] = 0");
+
 // Thresholds4's per-map constants. For a midpoint m, the quotients q with RN(q) >= m are q > h, h halfway
 // between m and the float below it (q = h exactly is never a quotient x / s of floats: h needs 25 significant
 // bits, so h * s needs more than a float holds). h * s is exact in double for any float s.
@@ -210,8 +251,31 @@ HWY_INLINE hn::Vec<DI> SignOf(DI, hn::Vec<DI> c, hn::Vec<DI> bits) {
 // compares become one, a > bits(m) - 1 on a = the bits of |y| less one for y < 0; the top midpoint is compared
 // with y's bits as a signed integer, which a negative y never passes, so that 7 - c needs no clamp (AVX2's signed
 // encode 20 -> 17 instructions with the division).
+//
+// On x86 256-bit vectors a byte shuffle reads the count of midpoints below y's bucket (kSignedByteBuckets) and one
+// compare with the next midpoint settles the code: 12 instructions with one permute, where the search takes 16
+// with two, each waiting on the last compare. Its code for y < -mids[14] is -1, not 0: the AVX2 packer saturates
+// it to 0.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  if constexpr (sizeof(y.raw) == 32) {
+    const lbopt::encode4::SignedByteBuckets& t = lbopt::encode4::kSignedByteBuckets;
+    const __m256i bits = _mm256_castps_si256(y.raw);
+    const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    const __m256 a = _mm256_fmadd_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(lbopt::encode4::kByteC),
+                                     _mm256_set1_ps(lbopt::encode4::kByteOffset));
+    // bytes 1-3 of each lane index 0 and read count[0] = 0, so c is the count itself
+    const __m256i bucket = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(a), 22), _mm256_set1_epi32(15));
+    const __m256i c = _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t.count))), bucket);
+    // |y|'s bits, less one for y < 0: > bits(m) - 1 is |y| >= m for y >= 0 and |y| > m for y < 0 (ties go up)
+    const __m256i key = _mm256_add_epi32(mag, _mm256_srai_epi32(bits, 31));
+    const __m256i mid = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.mid_bits)), c);
+    const __m256i n = _mm256_sub_epi32(c, _mm256_cmpgt_epi32(key, mid));
+    return {_mm256_add_epi32(_mm256_sign_epi32(n, bits), _mm256_set1_epi32(7))};
+  }
+#endif
   const lbopt::encode4::SignedTables& t = lbopt::encode4::kSignedTables;
   const hn::RebindToSigned<DF> di;
   const auto bits = hn::BitCast(di, y);

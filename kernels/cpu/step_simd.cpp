@@ -227,7 +227,7 @@ class BlockEncoder {
     // x86: both vectors packed to 16-bit lanes (per 128-bit block k: lanes 4k .. 4k + 3 of the even vector, then of
     // this one), each pair of lanes joined by a multiply-add as 16 a + b, and the bytes put in order: 5
     // instructions for two vectors where the generic form below takes 9 to 11. The pack saturates, so the codes
-    // <= 0 of a negative x on the unsigned map (Encode4Linear) become 0.
+    // < 0 (Encode4Linear's of a negative x, Encode4Signed's of y < -mids[14] on AVX2) become 0.
 #if HWY_TARGET <= HWY_AVX3
     const __m512i words = _mm512_packus_epi32(_mm512_load_si512(even_), c.raw);
     const __m512i joined = _mm512_madd_epi16(words, _mm512_set1_epi32(0x00010010));

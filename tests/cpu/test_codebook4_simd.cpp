@@ -21,7 +21,8 @@ namespace HWY_NAMESPACE {
 void EncodeMags(uint32_t mag0, uint32_t count, int is_signed, int lanes, int32_t* out) {
   EncodeMagsAt(lanes, mag0, count, [is_signed](auto df, auto y) HWY_ATTR {
     namespace hn = hwy::HWY_NAMESPACE;
-    if (is_signed) return Encode4Signed(df, y);
+    // the codes < 0 count as 0, as the x86 packers store them (AVX2's signed encode gives -1 below -mids[14])
+    if (is_signed) return hn::Max(Encode4Signed(df, y), hn::Zero(hn::RebindToSigned<decltype(df)>()));
     // Encode4Linear takes |y| <= 1 (past it the code is 15) and gives codes <= 0 below 0, which the packers clamp
     const auto c = Encode4Linear(df, hn::Min(hn::Max(y, hn::Set(df, -1.0f)), hn::Set(df, 1.0f)));
     return hn::Max(c, hn::Zero(hn::RebindToSigned<decltype(df)>()));
