@@ -586,8 +586,13 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       if (n_states > 0) absmax[0] = block_absmax(bst[0].values, bs, max0);
       if (has1) absmax[1] = block_absmax(bst[1].values, bs, max1);
       if (has2) absmax[2] = block_absmax(bst[2].values, bs, max2);
-      if (!kPipelined)
-        for (int k = 0; k < n_states; ++k) encode_block<kKind>(codec[k], st[k], b, start, bs, bst[k].values, absmax[k]);
+      if (!kPipelined) {
+        for (int k = 0; k < n_states; ++k) enc[k].init(codec[k], st[k], b, start, bst[k].values, absmax[k]);
+        for (int64_t i = 0; i < bs; i += 2 * n) {
+          encode_vec(i, std::false_type());
+          encode_vec(i + n, std::true_type());
+        }
+      }
     }
   }
   return b1;
