@@ -71,12 +71,14 @@ inline const SignedTables kSignedTables;
 
 // Encode4Signed's AVX2 form. a = RN(|y| kByteC + 2^-7), for |y| <= 2, lies in [2^-7, 2), where bits 22-25 of its
 // float (the exponent's low 3 bits and the top mantissa bit) number 16 buckets, each half a binade; for |y| <= 1
-// the buckets 0 .. 13. a is monotonic in |y| (one rounding of an affine map), so a midpoint m whose A(m) = a(m)
+// the buckets 0 .. 13. The encode computes a 2^-64 instead (the same rounding: no operand is subnormal), whose
+// exponents 56 .. 63 leave bit 29 clear, so that the byte shuffle's index byte (bits 22-29) needs no mask. a is monotonic in |y| (one rounding of an affine map), so a midpoint m whose A(m) = a(m)
 // lies below bucket j is <= every |y| in it, and one above it is > every |y| there: count[j] holds the midpoints
 // of mids[7..14] with A(m) below bucket j (at most 7), and the one A(m) that may lie in the bucket is mids[7 +
 // count[j]], which one compare settles. kByteC is chosen so that no bucket holds two (checked below).
 constexpr float kByteC = 0.875f;
 constexpr float kByteOffset = 0x1p-7f;
+constexpr float kByteUnit = 0x1p-64f;  // a's scale in the encode
 struct SignedByteBuckets {
   alignas(16) uint8_t count[16] = {};
   alignas(32) int32_t mid_bits[8] = {};  // bits of mids[7 + c], less one
@@ -263,10 +265,12 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
     const lbopt::encode4::SignedByteBuckets& t = lbopt::encode4::kSignedByteBuckets;
     const __m256i bits = _mm256_castps_si256(y.raw);
     const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-    const __m256 a = _mm256_fmadd_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(lbopt::encode4::kByteC),
-                                     _mm256_set1_ps(lbopt::encode4::kByteOffset));
-    // bytes 1-3 of each lane index 0 and read count[0] = 0, so c is the count itself
-    const __m256i bucket = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(a), 22), _mm256_set1_epi32(15));
+    using lbopt::encode4::kByteUnit;
+    const __m256 a = _mm256_fmadd_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(lbopt::encode4::kByteC * kByteUnit),
+                                     _mm256_set1_ps(lbopt::encode4::kByteOffset * kByteUnit));
+    // the index byte's bits 4-6 are ignored and its bit 7 is clear; bytes 1-3 of each lane are 0 and read count[0]
+    // = 0, so c is the count itself
+    const __m256i bucket = _mm256_srli_epi32(_mm256_castps_si256(a), 22);
     const __m256i c = _mm256_shuffle_epi8(
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t.count))), bucket);
     // |y|'s bits, less one for y < 0: > bits(m) - 1 is |y| >= m for y >= 0 and |y| > m for y < 0 (ties go up)
