@@ -104,6 +104,10 @@ HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 #endif
 }
 
+// Whether decode_vec computes the unsigned 4-bit map's values rather than read them from the scaled table: on
+// AVX2, where a 16-entry table costs two permutes.
+constexpr bool kLinearDecode4 = HWY_TARGET == HWY_AVX2;
+
 // The codes of elements i .. i + lanes - 1 of a block (codes: the block's first byte), decoded and scaled.
 // 4-bit: exactly the lanes / 2 bytes that hold them are loaded (a full-width load could pass the end of the
 // state), then each byte is duplicated, widened and shifted.
@@ -125,14 +129,12 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
                                                                         hn::Set(du, 0x80808000u)));
     const auto bytes = hn::TableLookupBytesOr0(hn::BitCast(hn::Repartition<uint8_t, DU>(), hn::Set(Raw(), raw)), pick);
     const auto code = hn::BitCast(DI(), hn::Shr(hn::BitCast(du, bytes), nibble_shifts()));
-#if HWY_TARGET == HWY_AVX2
-    // AVX2, the unsigned map (k + 1) / 16: RN((code + 1) s / 16) by a conversion and a multiply-add, equal to the
-    // scaled table's entry (s / 16 is exact), where the lookup takes two permutes
-    if (kSecond) {
+    // the unsigned map (k + 1) / 16: RN((code + 1) s / 16) by a conversion and a multiply-add, equal to the
+    // scaled table's entry (s / 16 is exact); no table is scaled for it
+    if (kLinearDecode4 && kSecond) {
       const auto s16 = hn::Set(df, hn::GetLane(scale) * 0.0625f);
       return hn::MulAdd(hn::ConvertTo(df, hn::And(code, hn::Set(DI(), 15))), s16, s16);
     }
-#endif
     return lookup16(scaled, code);
 #else
     const auto pairs = hn::ZeroExtendVector(DU8(), hn::LoadU(hn::Half<DU8>(), codes + i / 2));
@@ -524,7 +526,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
         bst[k] = {buf[b & 1][k], block_codes<kKind>(st[k], start), st[k].scales[b]};
-        if (kKind == kState4Bit) scale_table(codec[k], bst[k].scale, scaled[k]);
+        if (kKind == kState4Bit && !(kLinearDecode4 && codec[k].second))
+          scale_table(codec[k], bst[k].scale, scaled[k]);
       } else {           // updated in place
         bst[k] = {static_cast<float*>(st[k].codes) + start, nullptr, 0.0f};
       }
