@@ -9,9 +9,10 @@
 // Why not the generic 16-entry binary search: each of its four steps is a permute that waits on the last compare,
 // and a 16-entry table costs two permutes and a blend on AVX2. The signed map is symmetric about its zero code
 // (its one unpaired code is 1.0 at the top), so a 3-step search over its 7 inner positive midpoints, on the bits
-// of |y|, plus one compare against the top midpoint settles both signs: 8-entry tables, one permute per step on
-// AVX2. The unsigned map is k/16 and needs no table at all. AVX-512 holds 16 entries in a register and has no
-// need of the fold; it drops the division instead (Thresholds4).
+// of |y|, plus one compare against the top midpoint settles both signs: 8-entry tables, one permute per step.
+// AVX2 goes further: a byte shuffle reads how many of those midpoints lie below |y|'s half-binade bucket, and one
+// compare settles the code (kSignedByteBuckets). The unsigned map is k/16 and needs no table at all. AVX-512
+// holds 16 entries in a register and has no need of the fold; it drops the division instead (Thresholds4).
 #if defined(LBOPT_KERNELS_CPU_CODEBOOK4_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef LBOPT_KERNELS_CPU_CODEBOOK4_INL_H_
 #undef LBOPT_KERNELS_CPU_CODEBOOK4_INL_H_

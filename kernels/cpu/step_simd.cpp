@@ -58,8 +58,8 @@ HWY_INLINE VU fp8_encode(VF y) {
                            hn::Set(du, 0x4b400000u));
   auto b = hn::BitCast(du, a);
   b = hn::Add(b, hn::Add(hn::Set(du, 0x7ffffu), hn::And(hn::ShiftRight<20>(b), hn::Set(du, 1u))));
-  const auto normal = hn::Or(hn::ShiftLeft<3>(hn::Sub(hn::ShiftRight<23>(b), hn::Set(du, 120u))),
-                             hn::And(hn::ShiftRight<20>(b), hn::Set(du, 7u)));
+  // b >> 20 is the exponent e times 8 plus the 3 mantissa bits: minus 120 * 8, it is ((e - 120) << 3) | mantissa
+  const auto normal = hn::Sub(hn::ShiftRight<20>(b), hn::Set(du, 120u << 3));
   const auto is_sub = hn::RebindMask(du, hn::Lt(a, hn::Set(df, 0.015625f)));
   return hn::Or(sign, hn::IfThenElse(is_sub, sub, hn::Min(normal, hn::Set(du, 0x7eu))));
 }
