@@ -52,7 +52,7 @@ LBOPT_HD uint8_t fp8_e4m3_encode(float x) {
   }
   uint32_t b = float_bits(a);
   b += 0x7ffffu + ((b >> 20) & 1u);        // round the 23-bit mantissa to 3 bits, nearest even
-  const uint32_t code = (((b >> 23) - 120u) << 3) | ((b >> 20) & 7u);
+  const uint32_t code = (b >> 20) - (120u << 3);  // (exponent - 120) << 3 | the 3 mantissa bits, in one step
   return uint8_t(sign | (code > 0x7eu ? 0x7eu : code));
 }
 
