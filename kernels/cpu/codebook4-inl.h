@@ -72,11 +72,12 @@ inline const SignedTables kSignedTables;
 
 // Encode4Signed's AVX2 form. a = RN(|y| kByteC + 2^-7), for |y| <= 2, lies in [2^-7, 2), where bits 22-25 of its
 // float (the exponent's low 3 bits and the top mantissa bit) number 16 buckets, each half a binade; for |y| <= 1
-// the buckets 0 .. 13. The encode computes a 2^-64 instead (the same rounding: no operand is subnormal), whose
-// exponents 56 .. 63 leave bit 29 clear, so that the byte shuffle's index byte (bits 22-29) needs no mask. a is monotonic in |y| (one rounding of an affine map), so a midpoint m whose A(m) = a(m)
+// the buckets 0 .. 13. a is monotonic in |y| (one rounding of an affine map), so a midpoint m whose A(m) = a(m)
 // lies below bucket j is <= every |y| in it, and one above it is > every |y| there: count[j] holds the midpoints
 // of mids[7..14] with A(m) below bucket j (at most 7), and the one A(m) that may lie in the bucket is mids[7 +
-// count[j]], which one compare settles. kByteC is chosen so that no bucket holds two (checked below).
+// count[j]], which one compare settles. kByteC is chosen so that no bucket holds two (checked below). The encode
+// computes a 2^-64 instead (the same rounding: no operand is subnormal), whose exponents 56 .. 63 leave bit 29
+// clear, so that the byte shuffle's index byte (bits 22-29) needs no mask.
 constexpr float kByteC = 0.875f;
 constexpr float kByteOffset = 0x1p-7f;
 constexpr float kByteUnit = 0x1p-64f;  // a's scale in the encode
@@ -95,10 +96,9 @@ constexpr SignedByteBuckets signed_byte_buckets() {
   }
   if (!(double(kByteC) * 2 + double(kByteOffset) < 2.0)) b.one_per_bucket = false;  // a for |y| <= 2 below 2
   for (int j = 0; j < 16; ++j) {
-    double low = double(kByteOffset), p = double(kByteOffset);  // the binade of exponent 120 + j / 2
+    double p = double(kByteOffset);  // the binade of exponent 120 + j / 2
     for (int e = 0; e < j / 2; ++e) p *= 2;
-    low = p * (1 + (j & 1) / 2.0);
-    const double high = low + p / 2;
+    const double low = p * (1 + (j & 1) / 2.0), high = low + p / 2;
     int below = 0, in = 0;
     for (int k = 0; k < 8; ++k) {
       below += a[k] < low;
@@ -252,8 +252,8 @@ HWY_INLINE hn::Vec<DI> SignOf(DI, hn::Vec<DI> c, hn::Vec<DI> bits) {
 // codebook_encode(kSigned4Mids, 16, y) per lane. With y >= 0 the code is 7 plus the count of positive midpoints
 // <= y; with y < 0 it is 7 minus the count of positive midpoints < |y| (ties go up), 0 at the least. The two
 // compares become one, a > bits(m) - 1 on a = the bits of |y| less one for y < 0; the top midpoint is compared
-// with y's bits as a signed integer, which a negative y never passes, so that 7 - c needs no clamp (AVX2's signed
-// encode 20 -> 17 instructions with the division).
+// with y's bits as a signed integer, which a negative y never passes, so that 7 - c needs no clamp (20 -> 17
+// instructions with the division on AVX2, before the form below).
 //
 // On x86 256-bit vectors a byte shuffle reads the count of midpoints below y's bucket (kSignedByteBuckets) and one
 // compare with the next midpoint settles the code: 12 instructions with one permute, where the search takes 16
@@ -276,7 +276,8 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t.count))), bucket);
     // |y|'s bits, less one for y < 0: > bits(m) - 1 is |y| >= m for y >= 0 and |y| > m for y < 0 (ties go up)
     const __m256i key = _mm256_add_epi32(mag, _mm256_srai_epi32(bits, 31));
-    const __m256i mid = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.mid_bits)), c);
+    const __m256i mids = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mid_bits));
+    const __m256i mid = _mm256_permutevar8x32_epi32(mids, c);
     const __m256i n = _mm256_sub_epi32(c, _mm256_cmpgt_epi32(key, mid));
     return {_mm256_add_epi32(_mm256_sign_epi32(n, bits), _mm256_set1_epi32(7))};
   }
