@@ -256,7 +256,7 @@ HWY_INLINE hn::Vec<DI> SignOf(DI, hn::Vec<DI> c, hn::Vec<DI> bits) {
 // instructions with the division on AVX2, before the form below).
 //
 // On x86 256-bit vectors a byte shuffle reads the count of midpoints below y's bucket (kSignedByteBuckets) and one
-// compare with the next midpoint settles the code: 12 instructions with one permute, where the search takes 16
+// compare with the next midpoint settles the code: 11 instructions with one permute, where the search takes 16
 // with two, each waiting on the last compare. Its code for y < -mids[14] is -1, not 0: the AVX2 packer saturates
 // it to 0.
 template <class DF>
