@@ -104,8 +104,9 @@ HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 #endif
 }
 
-// Whether decode_vec computes the unsigned 4-bit map's values rather than read them from the scaled table: on
-// AVX2, where a 16-entry table costs two permutes.
+// Whether decode_vec computes the unsigned 4-bit map's values (a second moment's, codec_for) rather than read them
+// from the scaled table: on AVX2, where a 16-entry table costs two permutes and a blend (4-bit AdamW 0.646 -> 0.625
+// ns/elem at 64M with 2 threads, AdEMAMix 0.958 -> 0.907; docs/benchmarks.md, ninth pass).
 constexpr bool kLinearDecode4 = HWY_TARGET == HWY_AVX2;
 
 // The codes of elements i .. i + lanes - 1 of a block (codes: the block's first byte), decoded and scaled.
@@ -500,12 +501,22 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const bool has1 = n_states > 1, has2 = n_states > 2;
   BlockState bst[kMaxStates] = {};
   Table16 scaled[kMaxStates];
-  // Vector i of block b - 1's encode, for every state (odd: the second vector of a pair).
+  // Vector i of the encoders' block, for every state (odd: the second vector of a pair): in the pipelined loops
+  // block b - 1's, inside block b's update loop.
   const auto encode_vec = [&](int64_t i, auto odd) HWY_ATTR {
     constexpr bool kOdd = decltype(odd)::value;
     if (n_states > 0) enc[0].template vec<Opt::second_moment(0), kOdd>(i);
     if (has1) enc[1].template vec<Opt::second_moment(1), kOdd>(i);
     if (has2) enc[2].template vec<Opt::second_moment(2), kOdd>(i);
+  };
+  // The encoders' whole block, each vector's states together: where a block is encoded after its update, that
+  // beat one state's whole block after the other by 2-4% in cache on AVX2 (4-bit AdamW 1.240 -> 1.201 ns/elem;
+  // docs/benchmarks.md, ninth pass).
+  const auto encode_all = [&]() HWY_ATTR {
+    for (int64_t i = 0; i < bs; i += 2 * n) {
+      encode_vec(i, std::false_type());
+      encode_vec(i + n, std::true_type());
+    }
   };
   for (int64_t b = b0; b < b1 + (kPipelined ? 1 : 0); ++b) {
     const bool encoding = kPipelined && b > b0;  // block b - 1's encode runs in this round
@@ -513,11 +524,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       for (int k = 0; k < n_states; ++k)
         enc[k].init(codec[k], st[k], b - 1, (b - 1) * bs, buf[(b - 1) & 1][k], absmax[k]);
     if (b == b1) {  // the last block's encode alone
-      if (encoding)
-        for (int64_t i = 0; i < bs; i += 2 * n) {
-          encode_vec(i, std::false_type());
-          encode_vec(i + n, std::true_type());
-        }
+      if (encoding) encode_all();
       break;
     }
     const int64_t start = b * bs;
@@ -526,7 +533,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     for (int k = 0; k < n_states; ++k) {
       if (kQuantized) {  // decoded a vector at a time in the loop below
         bst[k] = {buf[b & 1][k], block_codes<kKind>(st[k], start), st[k].scales[b]};
-        if (kKind == kState4Bit && !(kLinearDecode4 && codec[k].second))
+        if (kKind == kState4Bit && !(kLinearDecode4 && Opt::second_moment(k)))  // as decode_vec's kSecond
           scale_table(codec[k], bst[k].scale, scaled[k]);
       } else {           // updated in place
         bst[k] = {static_cast<float*>(st[k].codes) + start, nullptr, 0.0f};
@@ -591,10 +598,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       if (has2) absmax[2] = block_absmax(bst[2].values, bs, max2);
       if (!kPipelined) {
         for (int k = 0; k < n_states; ++k) enc[k].init(codec[k], st[k], b, start, bst[k].values, absmax[k]);
-        for (int64_t i = 0; i < bs; i += 2 * n) {
-          encode_vec(i, std::false_type());
-          encode_vec(i + n, std::true_type());
-        }
+        encode_all();
       }
     }
   }
