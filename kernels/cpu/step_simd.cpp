@@ -358,6 +358,9 @@ HWY_INLINE VF fmax_vec(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Ge(a, b), 
 // non-negative float and put Inf and NaN above all finite ones, so that one integer max per vector also flags them.
 HWY_INLINE void block_max_add(VI& maxbits, VF x) { maxbits = hn::Max(maxbits, hn::BitCast(DI(), hn::Abs(x))); }
 
+// Whether every value block_max_add saw was finite (block_absmax then leaves the block as it is).
+HWY_INLINE bool block_finite(VI maxbits) { return hn::GetLane(hn::MaxOfLanes(DI(), maxbits)) < 0x7f800000; }
+
 // The block's absmax for encode_block, with non-finite values in x zeroed first (finite_or_zero): the rare
 // blocks that held one are rescanned.
 HWY_INLINE float block_absmax(float* x, int64_t bs, VI maxbits) {
@@ -495,6 +498,17 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
 #endif
   // (rows padded by 64 bytes: no two rows 4 KiB apart, whose loads and stores the CPU would take as aliasing)
   HWY_ALIGN float buf[2][kMaxStates][kMaxBlock + 16];
+  // The update in two passes (Opt::kTwoPass, on AVX2 where each block is encoded after its update): the update
+  // loop runs update_states and keeps its result in tbuf, and the encode loop runs update_param vector by vector
+  // beside the encode. AdamW's square root and divisions are one chain per vector, on a divider that also takes
+  // the encode's divisions; split so, each loop has independent divisions to overlap (4-bit AdamW 1.186 -> 1.104
+  // ns/elem in cache; docs/benchmarks.md, tenth pass).
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  constexpr bool kTwoPass = Opt::kTwoPass && kQuantized && !kPipelined;
+#else
+  constexpr bool kTwoPass = false;
+#endif
+  HWY_ALIGN float tbuf[kTwoPass ? kMaxBlock : 1];
   float absmax[kMaxStates] = {};
   BlockEncoder<kKind> enc[kMaxStates];
   const auto grad_factor = hn::Set(df, slot.grad_factor);
@@ -509,12 +523,35 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     if (has1) enc[1].template vec<Opt::second_moment(1), kOdd>(i);
     if (has2) enc[2].template vec<Opt::second_moment(2), kOdd>(i);
   };
+  // The param's new values for elements e .. e + lanes - 1, rounded to its dtype.
+  const auto put_param = [&](int64_t e, VF p) HWY_ATTR {
+    if (sr) {
+      const VU random = random_bits_vec(seed, step, e);
+      store_param(pdt, param, e, p, &random);
+    } else {
+      store_param(pdt, param, e, p, nullptr);
+    }
+  };
+  // update_param for vector i of the block at start (kTwoPass), on the states' new values and update_states'
+  // result, from the param as it was before the step.
+  const auto param_vec = [&](int64_t start, int64_t i) HWY_ATTR {
+    if constexpr (kTwoPass) {
+      auto p = load_value(pdt, param, start + i);
+      const auto x0 = hn::Load(df, bst[0].values + i);
+      const auto x1 = has1 ? hn::Load(df, bst[1].values + i) : x0;
+      const auto x2 = has2 ? hn::Load(df, bst[2].values + i) : x0;
+      update_param<VecOps>(s, p, hn::Load(df, tbuf + i), x0, x1, x2);
+      put_param(start + i, p);
+    }
+  };
   // The encoders' whole block, each vector's states together: where a block is encoded after its update, that
   // beat one state's whole block after the other by 2-4% in cache on AVX2 (4-bit AdamW 1.240 -> 1.201 ns/elem;
-  // docs/benchmarks.md, ninth pass).
-  const auto encode_all = [&]() HWY_ATTR {
+  // docs/benchmarks.md, ninth pass). With param: the param update of the block at that start beside it.
+  const auto encode_all = [&](auto with_param, int64_t start) HWY_ATTR {
     for (int64_t i = 0; i < bs; i += 2 * n) {
+      if (decltype(with_param)::value) param_vec(start, i);
       encode_vec(i, std::false_type());
+      if (decltype(with_param)::value) param_vec(start, i + n);
       encode_vec(i + n, std::true_type());
     }
   };
@@ -524,7 +561,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       for (int k = 0; k < n_states; ++k)
         enc[k].init(codec[k], st[k], b - 1, (b - 1) * bs, buf[(b - 1) & 1][k], absmax[k]);
     if (b == b1) {  // the last block's encode alone
-      if (encoding) encode_all();
+      if (encoding) encode_all(std::false_type(), 0);
       break;
     }
     const int64_t start = b * bs;
@@ -563,12 +600,11 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       auto x0 = n_states > 0 ? load(std::integral_constant<int, 0>(), i) : hn::Zero(df);
       auto x1 = has1 ? load(std::integral_constant<int, 1>(), i) : hn::Zero(df);
       auto x2 = has2 ? load(std::integral_constant<int, 2>(), i) : hn::Zero(df);
-      update<VecOps>(s, p, g, x0, x1, x2);
-      if (sr) {
-        const VU random = random_bits_vec(seed, step, start + i);
-        store_param(pdt, param, start + i, p, &random);
+      if constexpr (kTwoPass) {
+        hn::Store(update_states<VecOps>(s, p, g, x0, x1, x2), df, tbuf + i);
       } else {
-        store_param(pdt, param, start + i, p, nullptr);
+        update<VecOps>(s, p, g, x0, x1, x2);
+        put_param(start + i, p);
       }
       if (n_states > 0) {
         if (kQuantized) block_max_add(max0, x0);
@@ -593,12 +629,22 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     };
     encoding ? update_loop(std::true_type()) : update_loop(std::false_type());
     if (kQuantized) {
+      // update_param reads the states' new values as the update made them: a block that held a non-finite one,
+      // which block_absmax zeroes, gets its param update first (such blocks are rare)
+      const bool finite = !kTwoPass || (block_finite(max0) && (!has1 || block_finite(max1)) &&
+                                        (!has2 || block_finite(max2)));
+      if (!finite)
+        for (int64_t i = 0; i < bs; i += n) param_vec(start, i);
       if (n_states > 0) absmax[0] = block_absmax(bst[0].values, bs, max0);
       if (has1) absmax[1] = block_absmax(bst[1].values, bs, max1);
       if (has2) absmax[2] = block_absmax(bst[2].values, bs, max2);
       if (!kPipelined) {
         for (int k = 0; k < n_states; ++k) enc[k].init(codec[k], st[k], b, start, bst[k].values, absmax[k]);
-        encode_all();
+        if (kTwoPass && finite) {
+          encode_all(std::true_type(), start);
+        } else {
+          encode_all(std::false_type(), start);
+        }
       }
     }
   }

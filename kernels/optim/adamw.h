@@ -13,6 +13,7 @@ struct AdamW {
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   LBOPT_HD static constexpr bool second_moment(int i) { return i > 0; }  // v and vmax
+  static constexpr bool kTwoPass = true;  // update_states and update_param below
 
   struct Scalars {
     float decay_factor;      // 1 - lr * weight_decay (AdamW, decoupled)
@@ -52,15 +53,14 @@ struct AdamW {
 #endif  // LBOPT_OPTIM_ADAMW_H
 
 #ifdef LBOPT_DEFINE_UPDATES
+// The update in two parts (Opt::kTwoPass): update_states moves the moments and returns the update's denominator,
+// update_param applies it to p with the new m. update runs one after the other, with the same operations in the
+// same order; the SIMD kernels may run update_param in a later pass over the block (step_simd.cpp).
 // vmax only with AMSGrad; g: the gradient times grad_factor. The param update uses the new unquantized moments.
 template <class O>
-LBOPT_HD void update(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V g,
-                     typename O::V& m, typename O::V& v, typename O::V& vmax) {
-  if (s.coupled_decay) {
-    g = O::fma(O::set(s.wd), p, g);  // torch's grad.add(param, alpha=wd): one rounding
-  } else {
-    p = O::mul(p, O::set(s.decay_factor));
-  }
+LBOPT_HD typename O::V update_states(const ::lbopt::AdamW::Scalars& s, typename O::V p, typename O::V g,
+                                     typename O::V& m, typename O::V& v, typename O::V& vmax) {
+  if (s.coupled_decay) g = O::fma(O::set(s.wd), p, g);  // torch's grad.add(param, alpha=wd): one rounding
   // torch.lerp(m, g, w): the branch keeps it exact at both ends
   const float w = s.one_minus_beta1;
   m = s.lerp_from_m ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
@@ -70,7 +70,21 @@ LBOPT_HD void update(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typenam
     vmax = O::max(vmax, v);
     used = vmax;
   }
-  const auto denom = O::add(O::div(O::sqrt(used), O::set(s.sqrt_bc2)), O::set(s.eps));
+  return O::add(O::div(O::sqrt(used), O::set(s.sqrt_bc2)), O::set(s.eps));
+}
+
+// p after update_states; denom: its result. The decoupled decay of p is independent of the moments.
+template <class O>
+LBOPT_HD void update_param(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V denom,
+                           typename O::V m, typename O::V, typename O::V) {
+  if (!s.coupled_decay) p = O::mul(p, O::set(s.decay_factor));
   p = O::add(p, O::div(O::mul(O::set(s.neg_step_size), m), denom));
+}
+
+template <class O>
+LBOPT_HD void update(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V g, typename O::V& m,
+                     typename O::V& v, typename O::V& vmax) {
+  const auto denom = update_states<O>(s, p, g, m, v, vmax);
+  update_param<O>(s, p, denom, m, v, vmax);
 }
 #endif

@@ -14,6 +14,7 @@ struct AdEMAMix {
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};
   LBOPT_HD static constexpr bool second_moment(int i) { return i == 2; }  // nu
+  static constexpr bool kTwoPass = true;  // update_states and update_param below
 
   struct Scalars {
     float beta1, one_minus_beta1;
@@ -63,17 +64,31 @@ struct AdEMAMix {
 #endif  // LBOPT_OPTIM_ADEMAMIX_H
 
 #ifdef LBOPT_DEFINE_UPDATES
+// The update in two parts (Opt::kTwoPass, as AdamW's): update_states moves the states and returns the update
+// before weight decay, update_param applies it to p.
 // m1, m2, nu: the states (unused ones are ignored); g: the gradient times grad_factor.
 template <class O>
-LBOPT_HD void update(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, typename O::V g,
-                     typename O::V& m1, typename O::V& m2, typename O::V& nu) {
+LBOPT_HD typename O::V update_states(const ::lbopt::AdEMAMix::Scalars& s, typename O::V, typename O::V g,
+                                     typename O::V& m1, typename O::V& m2, typename O::V& nu) {
   m1 = O::fma(O::set(s.one_minus_beta1), g, O::mul(m1, O::set(s.beta1)));
   m2 = O::fma(O::set(s.one_minus_beta3), g, O::mul(m2, O::set(s.beta3)));
   nu = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(nu, O::set(s.beta2)));
   // bias corrections as products (divisions cost a vector unit's throughput; no peer's rounding to keep here)
   const auto denom = O::fma(O::sqrt(nu), O::set(s.inv_sqrt_bc2), O::set(s.eps));
-  auto u = O::div(O::fma(O::set(s.alpha), m2, O::mul(m1, O::set(s.inv_bc1))), denom);
+  return O::div(O::fma(O::set(s.alpha), m2, O::mul(m1, O::set(s.inv_bc1))), denom);
+}
+
+template <class O>
+LBOPT_HD void update_param(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, typename O::V u, typename O::V,
+                           typename O::V, typename O::V) {
   u = O::fma(O::set(s.wd), p, u);
   p = O::fma(O::set(s.neg_lr), u, p);
+}
+
+template <class O>
+LBOPT_HD void update(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, typename O::V g, typename O::V& m1,
+                     typename O::V& m2, typename O::V& nu) {
+  const auto u = update_states<O>(s, p, g, m1, m2, nu);
+  update_param<O>(s, p, u, m1, m2, nu);
 }
 #endif

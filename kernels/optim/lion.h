@@ -13,6 +13,7 @@ struct Lion {
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg"};
   LBOPT_HD static constexpr bool second_moment(int) { return false; }
+  static constexpr bool kTwoPass = false;  // one update: no division to move to a second pass
 
   struct Scalars {
     float decay_factor;  // 1 - lr * weight_decay

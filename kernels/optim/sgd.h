@@ -12,6 +12,7 @@ struct Sgd {
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"momentum_buffer"};
   LBOPT_HD static constexpr bool second_moment(int) { return false; }
+  static constexpr bool kTwoPass = false;  // one update: no division to move to a second pass
 
   struct Scalars {
     float wd;
