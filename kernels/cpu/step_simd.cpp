@@ -350,6 +350,18 @@ HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random
   hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), out)), DU16(), static_cast<uint16_t*>(p) + i);
 }
 
+// store_param of elements e .. e + lanes - 1, rounded stochastically to bf16 where sr (a function, not a lambda
+// of the step: in one, its captures were reloaded after every code byte store, which may alias them; 8-bit SGD
+// with bf16 params 20% slower).
+HWY_INLINE void store_param_at(Dtype dt, void* p, int64_t e, VF x, bool sr, uint64_t seed, uint64_t step) {
+  if (sr) {
+    const VU random = random_bits_vec(seed, step, e);
+    store_param(dt, p, e, x, &random);
+  } else {
+    store_param(dt, p, e, x, nullptr);
+  }
+}
+
 // ScalarOps::max: a NaN operand yields the other one (AMSGrad's running max keeps its value on a NaN v), and of
 // equal operands, -0 and +0, the first (a state handed in may hold -0).
 HWY_INLINE VF fmax_vec(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Ge(a, b), hn::IsNaN(b)), a, b); }
@@ -523,15 +535,6 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     if (has1) enc[1].template vec<Opt::second_moment(1), kOdd>(i);
     if (has2) enc[2].template vec<Opt::second_moment(2), kOdd>(i);
   };
-  // The param's new values for elements e .. e + lanes - 1, rounded to its dtype.
-  const auto put_param = [&](int64_t e, VF p) HWY_ATTR {
-    if (sr) {
-      const VU random = random_bits_vec(seed, step, e);
-      store_param(pdt, param, e, p, &random);
-    } else {
-      store_param(pdt, param, e, p, nullptr);
-    }
-  };
   // update_param for vector i of the block at start (kTwoPass), on the states' new values and update_states'
   // result, from the param as it was before the step.
   const auto param_vec = [&](int64_t start, int64_t i) HWY_ATTR {
@@ -541,7 +544,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       const auto x1 = has1 ? hn::Load(df, bst[1].values + i) : x0;
       const auto x2 = has2 ? hn::Load(df, bst[2].values + i) : x0;
       update_param<VecOps>(s, p, hn::Load(df, tbuf + i), x0, x1, x2);
-      put_param(start + i, p);
+      store_param_at(pdt, param, start + i, p, sr, seed, step);
     }
   };
   // The encoders' whole block, each vector's states together: where a block is encoded after its update, that
@@ -604,7 +607,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         hn::Store(update_states<VecOps>(s, p, g, x0, x1, x2), df, tbuf + i);
       } else {
         update<VecOps>(s, p, g, x0, x1, x2);
-        put_param(start + i, p);
+        store_param_at(pdt, param, start + i, p, sr, seed, step);
       }
       if (n_states > 0) {
         if (kQuantized) block_max_add(max0, x0);

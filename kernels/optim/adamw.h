@@ -53,10 +53,10 @@ struct AdamW {
 #endif  // LBOPT_OPTIM_ADAMW_H
 
 #ifdef LBOPT_DEFINE_UPDATES
-// The update in two parts (Opt::kTwoPass): update_states moves the moments and returns the update's denominator,
-// update_param applies it to p with the new m. update runs one after the other, with the same operations in the
-// same order; the SIMD kernels may run update_param in a later pass over the block (step_simd.cpp).
-// vmax only with AMSGrad; g: the gradient times grad_factor. The param update uses the new unquantized moments.
+// The update in two parts (Opt::kTwoPass): update_states moves the moments and returns the square root of the
+// second moment the update uses, update_param applies the update to p from it and the new m. update runs one after
+// the other, with the same operations in the same order; the SIMD kernels may run update_param in a later pass
+// over the block (step_simd.cpp). vmax only with AMSGrad; g: the gradient times grad_factor.
 template <class O>
 LBOPT_HD typename O::V update_states(const ::lbopt::AdamW::Scalars& s, typename O::V p, typename O::V g,
                                      typename O::V& m, typename O::V& v, typename O::V& vmax) {
@@ -65,26 +65,25 @@ LBOPT_HD typename O::V update_states(const ::lbopt::AdamW::Scalars& s, typename 
   const float w = s.one_minus_beta1;
   m = s.lerp_from_m ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
   v = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(v, O::set(s.beta2)));
-  typename O::V used = v;
-  if (s.amsgrad) {
-    vmax = O::max(vmax, v);
-    used = vmax;
-  }
-  return O::add(O::div(O::sqrt(used), O::set(s.sqrt_bc2)), O::set(s.eps));
+  if (!s.amsgrad) return O::sqrt(v);
+  vmax = O::max(vmax, v);
+  return O::sqrt(vmax);
 }
 
-// p after update_states; denom: its result. The decoupled decay of p is independent of the moments.
+// p after update_states, whose result is root; m: the new first moment. The decoupled decay of p is independent
+// of the moments.
 template <class O>
-LBOPT_HD void update_param(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V denom,
-                           typename O::V m, typename O::V, typename O::V) {
+LBOPT_HD void update_param(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V root, typename O::V m,
+                           typename O::V, typename O::V) {
   if (!s.coupled_decay) p = O::mul(p, O::set(s.decay_factor));
+  const auto denom = O::add(O::div(root, O::set(s.sqrt_bc2)), O::set(s.eps));
   p = O::add(p, O::div(O::mul(O::set(s.neg_step_size), m), denom));
 }
 
 template <class O>
 LBOPT_HD void update(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V g, typename O::V& m,
                      typename O::V& v, typename O::V& vmax) {
-  const auto denom = update_states<O>(s, p, g, m, v, vmax);
-  update_param<O>(s, p, denom, m, v, vmax);
+  const auto root = update_states<O>(s, p, g, m, v, vmax);
+  update_param<O>(s, p, root, m, v, vmax);
 }
 #endif

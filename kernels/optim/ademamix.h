@@ -74,13 +74,13 @@ LBOPT_HD typename O::V update_states(const ::lbopt::AdEMAMix::Scalars& s, typena
   m2 = O::fma(O::set(s.one_minus_beta3), g, O::mul(m2, O::set(s.beta3)));
   nu = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(nu, O::set(s.beta2)));
   // bias corrections as products (divisions cost a vector unit's throughput; no peer's rounding to keep here)
-  const auto denom = O::fma(O::sqrt(nu), O::set(s.inv_sqrt_bc2), O::set(s.eps));
-  return O::div(O::fma(O::set(s.alpha), m2, O::mul(m1, O::set(s.inv_bc1))), denom);
+  return O::fma(O::sqrt(nu), O::set(s.inv_sqrt_bc2), O::set(s.eps));
 }
 
 template <class O>
-LBOPT_HD void update_param(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, typename O::V u, typename O::V,
-                           typename O::V, typename O::V) {
+LBOPT_HD void update_param(const ::lbopt::AdEMAMix::Scalars& s, typename O::V& p, typename O::V denom,
+                           typename O::V m1, typename O::V m2, typename O::V) {
+  auto u = O::div(O::fma(O::set(s.alpha), m2, O::mul(m1, O::set(s.inv_bc1))), denom);
   u = O::fma(O::set(s.wd), p, u);
   p = O::fma(O::set(s.neg_lr), u, p);
 }
