@@ -500,11 +500,14 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // took 1.601 ns/elem in cache against 1.367, and 0.842 against 0.704 at 64M with 2 threads; FP8 1.062 against
   // 0.965; AdEMAMix 4-bit 1.190 against 1.076; docs/benchmarks.md, eighth pass). Intel restricted to AVX2 had
   // measured gains for all kinds (1.465 -> 1.382 in cache for 4-bit AdamW), but AVX2 code runs only on CPUs
-  // without AVX-512. Other targets, unmeasured, encode each block right after its update.
+  // without AVX-512. With the update in two passes (kTwoPass below), 8-bit AdamW too runs faster unpipelined
+  // (2.713 -> 2.497 ns/elem in cache, 1.377 -> 1.306 at 64M with 2 threads; docs/benchmarks.md, tenth pass), so
+  // only the one-state 8-bit loops stay pipelined there. Other targets, unmeasured, encode each block right after
+  // its update.
 #if HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2
   constexpr bool kPipelined = kQuantized;
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  constexpr bool kPipelined = kKind == kState8Bit && S::states < 3;
+  constexpr bool kPipelined = kKind == kState8Bit && S::states < 3 && !Opt::kTwoPass;
 #else
   constexpr bool kPipelined = false;
 #endif
