@@ -516,8 +516,9 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // The update in two passes (Opt::kTwoPass, on AVX2 where each block is encoded after its update): the update
   // loop runs update_states and keeps its result in tbuf, and the encode loop runs update_param vector by vector
   // beside the encode. AdamW's square root and divisions are one chain per vector, on a divider that also takes
-  // the encode's divisions; split so, each loop has independent divisions to overlap (4-bit AdamW 1.186 -> 1.104
-  // ns/elem in cache; docs/benchmarks.md, tenth pass).
+  // the encode's divisions; split so, each loop has independent divisions to overlap (4-bit AdamW 1.196 -> 1.085
+  // ns/elem in cache, 0.606 -> 0.561 at 64M with 2 threads; AdEMAMix 1.719 -> 1.586; docs/benchmarks.md, tenth
+  // pass, which also gives the split points tried).
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   constexpr bool kTwoPass = Opt::kTwoPass && kQuantized && !kPipelined;
 #else

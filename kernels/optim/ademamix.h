@@ -64,8 +64,8 @@ struct AdEMAMix {
 #endif  // LBOPT_OPTIM_ADEMAMIX_H
 
 #ifdef LBOPT_DEFINE_UPDATES
-// The update in two parts (Opt::kTwoPass, as AdamW's): update_states moves the states and returns the update
-// before weight decay, update_param applies it to p.
+// The update in two parts (Opt::kTwoPass, as AdamW's): update_states moves the states and returns the update's
+// denominator, update_param divides by it and applies the update to p.
 // m1, m2, nu: the states (unused ones are ignored); g: the gradient times grad_factor.
 template <class O>
 LBOPT_HD typename O::V update_states(const ::lbopt::AdEMAMix::Scalars& s, typename O::V, typename O::V g,
