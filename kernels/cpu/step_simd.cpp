@@ -426,7 +426,9 @@ constexpr int64_t kPrefetchAhead = 1024;
 // dtype or state-count branch left in the vector loop, the compiler keeps its constants in registers (4-bit AdamW
 // 1.18 -> 1.08 ns/elem in cache, AVX-512). A gradient factor of 1 (no grad_scale, no maximize) gets loops of its
 // own too: a compile-time flag inside one function gained nothing (its other loop copies cost registers), a
-// function of its own 0.827 -> 0.79. bf16 loops of their own gained nothing measurable (1.39 ns/elem both).
+// function of its own 0.827 -> 0.79. bf16 params with bf16 grads get loops of their own as well: on AVX-512 they
+// had gained nothing measurable (1.39 ns/elem both), on Zen 3's AVX2 5-19% (4-bit AdamW 1.581 -> 1.372 ns/elem
+// in cache; docs/benchmarks.md, tenth pass).
 // The sanitizer builds compile the general loops alone (the same code without the constants): the shaped ones
 // quadrupled their compile time.
 #undef LBOPT_SHAPED_LOOPS
@@ -473,9 +475,9 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const Dtype gdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.grad_dtype;
   void* const param = slot.param;
   const void* const grad = slot.grad;
-  // Software prefetch, in the loops with fp32 params and grads: each vector of the update loop prefetches the
-  // lines kPrefetchAhead elements on of its streams of 4 bytes an element (param, grad, the states of the fp32
-  // kind); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the step
+  // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
+  // elements on of its streams (param, grad, the states of the fp32 kind; with bf16 params and grads, theirs
+  // every other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the step
   // waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on
   // 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched
   // the codes, which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines
@@ -484,6 +486,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // benchmarks.md, fifth pass). No loop here holds only prefetches: GCC deletes such a loop (C++ lets it assume
   // that a loop without side effects ends, -ffinite-loops), which is how an earlier prefetch never ran.
   constexpr bool kPrefetch = S::dtype >= 0;
+  constexpr int64_t kValueBytes = S::dtype == kFloat32 ? 4 : 2;  // of param and grad, where the shape fixes them
   StateRef st[kMaxStates];
   for (int k = 0; k < kMaxStates; ++k) st[k] = slot.states[k];
   const bool sr = flags.stochastic_round && pdt == kBfloat16;
@@ -593,8 +596,10 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     // two vectors a round: the 4-bit encode packs codes in pairs of vectors
     const auto update_vec = [&](int64_t i, auto odd, auto encode) HWY_ATTR {
       if (kPrefetch) {  // one line each per vector: at up to 16 lanes, every line of a stream is touched
-        __builtin_prefetch(static_cast<float*>(param) + ahead + i, 1);
-        __builtin_prefetch(static_cast<const float*>(grad) + ahead + i, 0);
+        if (kValueBytes == 4 || !decltype(odd)::value) {  // 2-byte params and grads: every other vector
+          __builtin_prefetch(static_cast<char*>(param) + (ahead + i) * kValueBytes, 1);
+          __builtin_prefetch(static_cast<const char*>(grad) + (ahead + i) * kValueBytes, 0);
+        }
         if (!kQuantized) {
           if (n_states > 0) __builtin_prefetch(static_cast<float*>(st[0].codes) + ahead + i, 1);
           if (has1) __builtin_prefetch(static_cast<float*>(st[1].codes) + ahead + i, 1);
@@ -736,6 +741,14 @@ HWY_INLINE int64_t with_state_count(int n, const F& f) {
 template <class Opt, int kKind>
 int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
 #if LBOPT_SHAPED_LOOPS
+  if (slot.param_dtype == kBfloat16 && slot.grad_dtype == kBfloat16)
+    return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
+      constexpr int kN = decltype(n)::value;
+      const typename Opt::Flags fix_all;
+      return slot.grad_factor == 1.0f
+                 ? step_fixing<Opt, kKind, Shape<kBfloat16, kN, true>>(slot, flags, b0, b1, fix_all)
+                 : step_fixing<Opt, kKind, Shape<kBfloat16, kN>>(slot, flags, b0, b1, fix_all);
+    });
   if (slot.param_dtype == kFloat32 && slot.grad_dtype == kFloat32)
     return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
       constexpr int kN = decltype(n)::value;
