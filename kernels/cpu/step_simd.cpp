@@ -737,26 +737,26 @@ HWY_INLINE int64_t with_state_count(int n, const F& f) {
   return f(std::integral_constant<int, kLo>());
 }
 
+// step_blocks of the Shape with dtype kDtype (param and grad) that fits the slot's state count and grad factor.
+template <class Opt, int kKind, int kDtype>
+int64_t step_dtype_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
+  return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
+    constexpr int kN = decltype(n)::value;
+    const typename Opt::Flags fix_all;
+    return slot.grad_factor == 1.0f
+               ? step_fixing<Opt, kKind, Shape<kDtype, kN, true>>(slot, flags, b0, b1, fix_all)
+               : step_fixing<Opt, kKind, Shape<kDtype, kN>>(slot, flags, b0, b1, fix_all);
+  });
+}
+
 // step_blocks of the Shape that fits the slot.
 template <class Opt, int kKind>
 int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
 #if LBOPT_SHAPED_LOOPS
-  if (slot.param_dtype == kBfloat16 && slot.grad_dtype == kBfloat16)
-    return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
-      constexpr int kN = decltype(n)::value;
-      const typename Opt::Flags fix_all;
-      return slot.grad_factor == 1.0f
-                 ? step_fixing<Opt, kKind, Shape<kBfloat16, kN, true>>(slot, flags, b0, b1, fix_all)
-                 : step_fixing<Opt, kKind, Shape<kBfloat16, kN>>(slot, flags, b0, b1, fix_all);
-    });
-  if (slot.param_dtype == kFloat32 && slot.grad_dtype == kFloat32)
-    return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
-      constexpr int kN = decltype(n)::value;
-      const typename Opt::Flags fix_all;
-      return slot.grad_factor == 1.0f
-                 ? step_fixing<Opt, kKind, Shape<kFloat32, kN, true>>(slot, flags, b0, b1, fix_all)
-                 : step_fixing<Opt, kKind, Shape<kFloat32, kN>>(slot, flags, b0, b1, fix_all);
-    });
+  if (slot.param_dtype == slot.grad_dtype) {
+    if (slot.param_dtype == kFloat32) return step_dtype_shaped<Opt, kKind, kFloat32>(slot, flags, b0, b1);
+    if (slot.param_dtype == kBfloat16) return step_dtype_shaped<Opt, kKind, kBfloat16>(slot, flags, b0, b1);
+  }
 #endif
   return step_blocks<Opt, kKind, AnyShape>(slot, flags, b0, b1);
 }
