@@ -13,6 +13,7 @@
 
 #include <string.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cpu/kernels_cpu.h"
@@ -370,15 +371,13 @@ HWY_INLINE VF fmax_vec(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Ge(a, b), 
 // non-negative float and put Inf and NaN above all finite ones, so that one integer max per vector also flags them.
 HWY_INLINE void block_max_add(VI& maxbits, VF x) { maxbits = hn::Max(maxbits, hn::BitCast(DI(), hn::Abs(x))); }
 
-// Whether every value block_max_add saw was finite (block_absmax then leaves the block as it is).
-HWY_INLINE bool block_finite(VI maxbits) { return hn::GetLane(hn::MaxOfLanes(DI(), maxbits)) < 0x7f800000; }
+// The largest bits block_max_add saw: below 0x7f800000 when every value was finite.
+HWY_INLINE int32_t block_top(VI maxbits) { return hn::GetLane(hn::MaxOfLanes(DI(), maxbits)); }
 
 // The block's absmax for encode_block, with non-finite values in x zeroed first (finite_or_zero): the rare
 // blocks that held one are rescanned.
-HWY_INLINE float block_absmax(float* x, int64_t bs, VI maxbits) {
+HWY_INLINE float block_absmax(float* x, int64_t bs, int32_t top) {
   const DF df;
-  const DI di;
-  const int32_t top = hn::GetLane(hn::MaxOfLanes(di, maxbits));
   if (top < 0x7f800000) return bits_float(uint32_t(top));
   auto absmax = hn::Zero(df);
   for (int64_t i = 0; i < bs; i += int64_t(hn::Lanes(df))) {
@@ -643,13 +642,14 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     if (kQuantized) {
       // update_param reads the states' new values as the update made them: a block that held a non-finite one,
       // which block_absmax zeroes, gets its param update first (such blocks are rare)
-      const bool finite = !kTwoPass || (block_finite(max0) && (!has1 || block_finite(max1)) &&
-                                        (!has2 || block_finite(max2)));
+      const int32_t top0 = n_states > 0 ? block_top(max0) : 0, top1 = has1 ? block_top(max1) : 0,
+                    top2 = has2 ? block_top(max2) : 0;
+      const bool finite = !kTwoPass || std::max(top0, std::max(top1, top2)) < 0x7f800000;
       if (!finite)
         for (int64_t i = 0; i < bs; i += n) param_vec(start, i);
-      if (n_states > 0) absmax[0] = block_absmax(bst[0].values, bs, max0);
-      if (has1) absmax[1] = block_absmax(bst[1].values, bs, max1);
-      if (has2) absmax[2] = block_absmax(bst[2].values, bs, max2);
+      if (n_states > 0) absmax[0] = block_absmax(bst[0].values, bs, top0);
+      if (has1) absmax[1] = block_absmax(bst[1].values, bs, top1);
+      if (has2) absmax[2] = block_absmax(bst[2].values, bs, top2);
       if (!kPipelined) {
         for (int k = 0; k < n_states; ++k) enc[k].init(codec[k], st[k], b, start, bst[k].values, absmax[k]);
         if (kTwoPass && finite) {
@@ -691,7 +691,7 @@ int64_t quantize_blocks(const StateCodec& codec, const float* src, StateRef dst,
       block_max_add(maxbits, x);
       hn::Store(x, df, buf + i);
     }
-    encode_block<kKind>(sc, dst, b, start, bs, buf, block_absmax(buf, bs, maxbits));
+    encode_block<kKind>(sc, dst, b, start, bs, buf, block_absmax(buf, bs, block_top(maxbits)));
   }
   return b1;
 }
