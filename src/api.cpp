@@ -30,12 +30,6 @@ lbopt_status guarded(F&& body) {
   }
 }
 
-// This release's structs are the first of their kind, so no smaller size is known yet.
-lbopt_status check_out_size(size_t size, size_t own, const char* name) {
-  if (size < own) return fail(LBOPT_ERR_STRUCT_SIZE, "%s = %zu, this library needs at least %zu", name, size, own);
-  return LBOPT_OK;
-}
-
 // Write a struct the caller sized: zero all size bytes, then the fields this library knows, and struct_size.
 template <class T>
 void fill(T* out, size_t size, T value) {
@@ -44,11 +38,12 @@ void fill(T* out, size_t size, T value) {
   memcpy(out, &value, sizeof(T));
 }
 
-lbopt_status run_step(const lbopt_optimizer_config* config, double lr, const DLTensor* lr_t, const DLTensor* step_t,
-                      const lbopt_slot* slots, size_t n_slots, const lbopt_step_options* options,
-                      const char* const* fields) {
+// capturable: lr_t and step_t give lr and step (validate_step).
+lbopt_status run_step(const lbopt_optimizer_config* config, double lr, bool capturable, const DLTensor* lr_t,
+                      const DLTensor* step_t, const lbopt_slot* slots, size_t n_slots,
+                      const lbopt_step_options* options, const char* const* fields) {
   thread_local StepPlan plan;  // reused: a warm step allocates nothing
-  LBOPT_TRY(validate_step(config, lr, lr_t, step_t, slots, n_slots, options, fields, &plan));
+  LBOPT_TRY(validate_step(config, lr, capturable, lr_t, step_t, slots, n_slots, options, fields, &plan));
   derive_scalars(&plan);
   return backend_for(plan.device).step(plan);
 }
@@ -56,9 +51,14 @@ lbopt_status run_step(const lbopt_optimizer_config* config, double lr, const DLT
 lbopt_status run_capturable(const lbopt_optimizer_config* config, const DLTensor* lr, const DLTensor* step,
                             const lbopt_slot* slots, size_t n_slots, const lbopt_step_options* options,
                             const char* const* fields) {
-  if (!lr) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
-  if (!step) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
-  return run_step(config, 0.0, lr, step, slots, n_slots, options, fields);
+  return run_step(config, 0.0, true, lr, step, slots, n_slots, options, fields);
+}
+
+// The checks of a step alone (the _validate entry points).
+lbopt_status check_step(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots, size_t n_slots,
+                        const lbopt_step_options* options, const char* const* fields) {
+  thread_local StepPlan plan;
+  return validate_step(config, lr, false, nullptr, nullptr, slots, n_slots, options, fields, &plan);
 }
 
 // An AdamW entry point's arguments in the generic form (the slots in a per-thread buffer, reused).
@@ -84,11 +84,7 @@ extern "C" {
 
 lbopt_status lbopt_state_layout(lbopt_state_kind kind, int64_t numel, lbopt_layout* out, size_t out_size) {
   return guarded([&] {
-    if (!out) return fail(LBOPT_ERR_NULL_POINTER, "out: pointer is NULL");
-    LBOPT_TRY(check_out_size(out_size, sizeof(lbopt_layout), "out_size"));
-    LBOPT_TRY(validate_kind(kind, "kind"));
-    if (numel < 0 || numel > INT64_MAX / 4)
-      return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is outside [0, INT64_MAX / 4]", (long long)numel);
+    LBOPT_TRY(validate_layout_args(kind, numel, out, out_size));
     fill(out, out_size, layout_of(kind, numel));
     return LBOPT_OK;
   });
@@ -122,8 +118,7 @@ lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment moment, lbopt_
 
 lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_size) {
   return guarded([&] {
-    if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
-    LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_adamw_config), "struct_size"));
+    LBOPT_TRY(validate_out_struct(config, "config", struct_size, "struct_size", sizeof(lbopt_adamw_config)));
     const lbopt_optimizer_config d = default_config(LBOPT_OPTIMIZER_ADAMW);
     lbopt_adamw_config c{};
     c.state_kind = d.state_kind;
@@ -139,10 +134,8 @@ lbopt_status lbopt_adamw_config_init(lbopt_adamw_config* config, size_t struct_s
 lbopt_status lbopt_optimizer_config_init(lbopt_optimizer_config* config, size_t struct_size,
                                          lbopt_optimizer optimizer) {
   return guarded([&] {
-    if (!config) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
-    LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_optimizer_config), "struct_size"));
-    if (!lbopt_optimizer_name(optimizer))
-      return fail(LBOPT_ERR_INVALID_VALUE, "optimizer = %d is not an lbopt_optimizer", int(optimizer));
+    LBOPT_TRY(validate_out_struct(config, "config", struct_size, "struct_size", sizeof(lbopt_optimizer_config)));
+    LBOPT_TRY(validate_optimizer(optimizer));
     fill(config, struct_size, default_config(optimizer));
     return LBOPT_OK;
   });
@@ -164,8 +157,7 @@ const char* lbopt_state_kind_name(lbopt_state_kind kind) {
 lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config, lbopt_state_info states[LBOPT_MAX_STATES],
                                     size_t* n_states) {
   return guarded([&] {
-    if (!states) return fail(LBOPT_ERR_NULL_POINTER, "states: pointer is NULL");
-    if (!n_states) return fail(LBOPT_ERR_NULL_POINTER, "n_states: pointer is NULL");
+    LBOPT_TRY(validate_states_out(states, n_states));
     LBOPT_TRY(validate_config(config, 0.0));
     const Hyper h = hyper_of(*config);
     const int n = active_states(h);
@@ -181,8 +173,7 @@ lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config, lbopt_
 
 lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_size) {
   return guarded([&] {
-    if (!options) return fail(LBOPT_ERR_NULL_POINTER, "options: pointer is NULL");
-    LBOPT_TRY(check_out_size(struct_size, sizeof(lbopt_step_options), "struct_size"));
+    LBOPT_TRY(validate_out_struct(options, "options", struct_size, "struct_size", sizeof(lbopt_step_options)));
     fill(options, struct_size, lbopt_step_options{});
     return LBOPT_OK;
   });
@@ -190,15 +181,13 @@ lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_
 
 lbopt_status lbopt_step(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots, size_t n_slots,
                         const lbopt_step_options* options) {
-  return guarded([&] { return run_step(config, lr, nullptr, nullptr, slots, n_slots, options, kSlotStateFields); });
+  return guarded(
+      [&] { return run_step(config, lr, false, nullptr, nullptr, slots, n_slots, options, kSlotStateFields); });
 }
 
 lbopt_status lbopt_step_validate(const lbopt_optimizer_config* config, double lr, const lbopt_slot* slots,
                                  size_t n_slots, const lbopt_step_options* options) {
-  return guarded([&] {
-    thread_local StepPlan plan;
-    return validate_step(config, lr, nullptr, nullptr, slots, n_slots, options, kSlotStateFields, &plan);
-  });
+  return guarded([&] { return check_step(config, lr, slots, n_slots, options, kSlotStateFields); });
 }
 
 lbopt_status lbopt_step_capturable(const lbopt_optimizer_config* config, const DLTensor* lr, const DLTensor* step,
@@ -211,7 +200,7 @@ lbopt_status lbopt_adamw_step(const lbopt_adamw_config* config, double lr, const
   return guarded([&] {
     const AdamwCall call(config, &lr, slots, n_slots);
     LBOPT_TRY(call.status);
-    return run_step(&call.config, lr, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields);
+    return run_step(&call.config, lr, false, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields);
   });
 }
 
@@ -226,9 +215,7 @@ lbopt_status lbopt_adamw_step_validate(const lbopt_adamw_config* config, double 
   return guarded([&] {
     const AdamwCall call(config, &lr, slots, n_slots);
     LBOPT_TRY(call.status);
-    thread_local StepPlan plan;
-    return validate_step(&call.config, lr, nullptr, nullptr, call.slots(), n_slots, options, kAdamwStateFields,
-                         &plan);
+    return check_step(&call.config, lr, call.slots(), n_slots, options, kAdamwStateFields);
   });
 }
 
@@ -244,7 +231,7 @@ lbopt_status lbopt_adamw_step_capturable(const lbopt_adamw_config* config, const
 
 lbopt_status lbopt_set_num_threads(int n) {
   return guarded([&] {
-    if (n < 0) return fail(LBOPT_ERR_INVALID_VALUE, "n = %d must be >= 0 (0 restores the default)", n);
+    LBOPT_TRY(validate_num_threads(n));
     set_num_threads(n);
     return LBOPT_OK;
   });

@@ -295,6 +295,13 @@ lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state s
   return LBOPT_OK;
 }
 
+// A state's element count: its codes' byte count (numel * 4 for fp32 states) must fit int64_t.
+lbopt_status check_numel(int64_t numel) {
+  if (numel < 0 || numel > INT64_MAX / 4)
+    return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is outside [0, INT64_MAX / 4]", (long long)numel);
+  return LBOPT_OK;
+}
+
 lbopt_status check_unit_interval(double x, const char* name) {
   if (!(x >= 0.0 && x < 1.0)) return fail(LBOPT_ERR_INVALID_VALUE, "%s = %g is outside [0, 1)", name, x);
   return LBOPT_OK;
@@ -496,10 +503,10 @@ lbopt_status validate_config(const lbopt_optimizer_config* config, double lr) {
   return check_lr(lr);
 }
 
-lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, const DLTensor* lr_scalar,
-                           const DLTensor* step_scalar, const lbopt_slot* slots, size_t n_slots,
-                           const lbopt_step_options* options, const char* const* state_fields, StepPlan* plan) {
-  const bool capturable = lr_scalar || step_scalar;
+lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool capturable,
+                           const DLTensor* lr_scalar, const DLTensor* step_scalar, const lbopt_slot* slots,
+                           size_t n_slots, const lbopt_step_options* options, const char* const* state_fields,
+                           StepPlan* plan) {
   if (capturable) LBOPT_TRY(check_config(config));
   else LBOPT_TRY(validate_config(config, lr));
   if (capturable && !lr_scalar) return fail(LBOPT_ERR_NULL_POINTER, "lr: tensor pointer is NULL");
@@ -586,6 +593,10 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, cons
   plan->hyper = hyper;
   plan->flags = config->flags;
   plan->seed = config->seed;
+  plan->state_fields = state_fields;
+#if LBOPT_WITH_CUDA
+  if (plan->device.cls == DeviceClass::kCuda) LBOPT_TRY(validate_cuda_step(*plan));
+#endif
   return LBOPT_OK;
 }
 
@@ -619,14 +630,17 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
     }
   }
   plan->stream = stream;
+#if LBOPT_WITH_CUDA
+  if (plan->device.cls == DeviceClass::kCuda)
+    LBOPT_TRY(validate_cuda_convert(*plan, to_state ? "src" : "dst", to_state ? "dst" : "src"));
+#endif
   return LBOPT_OK;
 }
 
 lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_state state, void* stream,
                                  ConvertPlan* plan) {
   LBOPT_TRY(validate_kind(kind, "kind"));
-  if (numel < 0 || numel > INT64_MAX / 4)
-    return fail(LBOPT_ERR_INVALID_VALUE, "numel = %lld is outside [0, INT64_MAX / 4]", (long long)numel);
+  LBOPT_TRY(check_numel(numel));
   CallChecker ck;
   LBOPT_TRY(check_state(ck, kind, numel, state, ArgName{"state"}, Access::kWrite, &plan->state));
   LBOPT_TRY(ck.check_overlaps());
@@ -635,6 +649,39 @@ lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_sta
   plan->kind = kind;
   plan->numel = numel;
   plan->stream = stream;
+#if LBOPT_WITH_CUDA
+  if (plan->device.cls == DeviceClass::kCuda) LBOPT_TRY(validate_cuda_convert(*plan, nullptr, "state"));
+#endif
+  return LBOPT_OK;
+}
+
+lbopt_status validate_layout_args(lbopt_state_kind kind, int64_t numel, const void* out, size_t out_size) {
+  LBOPT_TRY(validate_out_struct(out, "out", out_size, "out_size", sizeof(lbopt_layout)));
+  LBOPT_TRY(validate_kind(kind, "kind"));
+  return check_numel(numel);
+}
+
+lbopt_status validate_out_struct(const void* out, const char* name, size_t size, const char* size_name, size_t own) {
+  if (!out) return fail(LBOPT_ERR_NULL_POINTER, "%s: pointer is NULL", name);
+  // This release's structs are the first of their kind, so no smaller size is known yet.
+  if (size < own) return fail(LBOPT_ERR_STRUCT_SIZE, "%s = %zu, this library needs at least %zu", size_name, size, own);
+  return LBOPT_OK;
+}
+
+lbopt_status validate_optimizer(lbopt_optimizer optimizer) {
+  if (int(optimizer) < 0 || int(optimizer) >= kNumOptimizers)
+    return fail(LBOPT_ERR_INVALID_VALUE, "optimizer = %d is not an lbopt_optimizer", int(optimizer));
+  return LBOPT_OK;
+}
+
+lbopt_status validate_states_out(const lbopt_state_info* states, const size_t* n_states) {
+  if (!states) return fail(LBOPT_ERR_NULL_POINTER, "states: pointer is NULL");
+  if (!n_states) return fail(LBOPT_ERR_NULL_POINTER, "n_states: pointer is NULL");
+  return LBOPT_OK;
+}
+
+lbopt_status validate_num_threads(int n) {
+  if (n < 0) return fail(LBOPT_ERR_INVALID_VALUE, "n = %d must be >= 0 (0 restores the default)", n);
   return LBOPT_OK;
 }
 

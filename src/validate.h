@@ -34,6 +34,7 @@ struct StepPlan {
   const float* found_inf = nullptr;
   uint8_t* skipped = nullptr;         // optional [n_slots] out
   void* stream = nullptr;
+  const char* const* state_fields = nullptr;  // how messages name the slots' states (validate_step's argument)
 };
 
 struct ConvertPlan {
@@ -46,11 +47,13 @@ struct ConvertPlan {
   void* stream = nullptr;
 };
 
-// lr_scalar / step_scalar: the capturable variant's device scalars (NULL for the by-value step). state_fields:
-// how messages name a slot's states ("m", "v", "vmax" for lbopt_adamw_slot, "states[k]" for lbopt_slot).
-lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, const DLTensor* lr_scalar,
-                           const DLTensor* step_scalar, const lbopt_slot* slots, size_t n_slots,
-                           const lbopt_step_options* options, const char* const* state_fields, StepPlan* plan);
+// capturable: lr and step come from the device scalars lr_scalar and step_scalar (ignored otherwise), not from the
+// by-value lr and the slots' steps. state_fields: how messages name a slot's states ("m", "v", "vmax" for
+// lbopt_adamw_slot, "states[k]" for lbopt_slot).
+lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool capturable,
+                           const DLTensor* lr_scalar, const DLTensor* step_scalar, const lbopt_slot* slots,
+                           size_t n_slots, const lbopt_step_options* options, const char* const* state_fields,
+                           StepPlan* plan);
 
 extern const char* const kSlotStateFields[kMaxStates];   // "states[0]", ...
 extern const char* const kAdamwStateFields[kMaxStates];  // "m", "v", "vmax"
@@ -82,5 +85,27 @@ Hyper hyper_of(const lbopt_optimizer_config& config);
 
 // Sizes of one state of a valid kind (numel in [0, INT64_MAX / 4]).
 lbopt_layout layout_of(int kind, int64_t numel);
+
+// lbopt_state_layout's arguments: out, of out_size bytes, and a state's kind and numel.
+lbopt_status validate_layout_args(lbopt_state_kind kind, int64_t numel, const void* out, size_t out_size);
+
+// A struct the caller sized for the library to fill (its pointer named name, its size field size_name): not NULL,
+// and at least own bytes, the size this library writes.
+lbopt_status validate_out_struct(const void* out, const char* name, size_t size, const char* size_name, size_t own);
+
+lbopt_status validate_optimizer(lbopt_optimizer optimizer);
+
+// lbopt_optimizer_states' out arguments.
+lbopt_status validate_states_out(const lbopt_state_info* states, const size_t* n_states);
+
+lbopt_status validate_num_threads(int n);
+
+#if LBOPT_WITH_CUDA
+// The checks of a plan on a CUDA device that only the CUDA runtime can make (validate_cuda.cu): its pointers are
+// memory of that device, its stream belongs to it. The validate_* functions above run them last.
+lbopt_status validate_cuda_step(const StepPlan& plan);
+// values, state: how messages name the plan's float32 tensor (NULL: it has none) and its state.
+lbopt_status validate_cuda_convert(const ConvertPlan& plan, const char* values, const char* state);
+#endif
 
 }  // namespace lbopt

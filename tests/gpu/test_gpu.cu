@@ -270,6 +270,23 @@ TEST_CASE("invalid device inputs return errors and write nothing") {
     s.grad = &host_as_device;
     CHECK(lbopt_adamw_step(&cfg, 1e-3, &s, 1, nullptr) == LBOPT_ERR_DEVICE);
     CHECK(std::string(lbopt_last_error()).find("slots[0].grad") != std::string::npos);
+    // validation alone refuses what the step refuses
+    CHECK(lbopt_adamw_step_validate(&cfg, 1e-3, &s, 1, nullptr) == LBOPT_ERR_DEVICE);
+    CHECK(std::string(lbopt_last_error()).find("slots[0].grad") != std::string::npos);
+  }
+  {
+    // a state is named as the caller's struct names it: v for lbopt_adamw_slot, states[1] for lbopt_slot
+    lbopt_adamw_slot s = t.adamw_slot(true, 1);
+    DLTensor host_as_device = t.states[1]->codes.h;
+    host_as_device.device = {kDLCUDA, 0};
+    s.v.codes = &host_as_device;
+    CHECK(lbopt_adamw_step_validate(&cfg, 1e-3, &s, 1, nullptr) == LBOPT_ERR_DEVICE);
+    CHECK(std::string(lbopt_last_error()).find("slots[0].v.codes") != std::string::npos);
+    lbopt_slot g = t.slot(true, 1);
+    g.states[1].codes = &host_as_device;
+    const lbopt_optimizer_config gc = generic_of(cfg);
+    CHECK(lbopt_step(&gc, 1e-3, &g, 1, nullptr) == LBOPT_ERR_DEVICE);
+    CHECK(std::string(lbopt_last_error()).find("slots[0].states[1].codes") != std::string::npos);
   }
   {
     int devices = 0;
