@@ -15,6 +15,8 @@ enum StateKind : int { kState4Bit = 0, kState8Bit = 1, kStateFp8 = 2, kStateFp32
 
 // The kinds' names, for every binding and the registry's operator names (through lbopt_state_kind_name).
 inline constexpr const char* kStateKindNames[kNumStateKinds] = {"4bit", "8bit", "fp8", "fp32"};
+// The same in words, for operator docs.
+inline constexpr const char* kStateKindDocs[kNumStateKinds] = {"4-bit", "8-bit", "float8 e4m3", "fp32"};
 
 // Elements per scale block: the only place block sizes are written (torchao's: 128 for 4-bit, 256 for 8-bit and
 // FP8). kMaxBlock bounds every kind's unit of work.

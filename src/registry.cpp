@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "../kernels/optimizers.h"
+#include "../kernels/quant.h"
 #include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
@@ -193,8 +194,7 @@ constexpr bool all_fields_known() {
 }
 static_assert(all_fields_known(), "every attribute a family lists sets a config field of kFields");
 
-constexpr size_t kNumKinds = LBOPT_STATE_FP32 + 1;
-constexpr const char* kKindDocs[kNumKinds] = {"4-bit", "8-bit", "float8 e4m3", "fp32"};
+constexpr size_t kNumKinds = kNumStateKinds;
 constexpr size_t kNumFamilies = sizeof kFamilies / sizeof kFamilies[0];
 constexpr size_t kOpsPerFamily = 2 * kNumKinds;  // by-value, then capturable, each for every kind
 constexpr size_t kOpCount = kNumFixedOps + kNumFamilies * kOpsPerFamily;
@@ -274,7 +274,7 @@ void build(const Family& fam, FamilySchemas* s, lbopt_op_info* ops, StepOp* step
     const lbopt_state_kind kind = lbopt_state_kind(i % kNumKinds);
     snprintf(s->names[i], sizeof s->names[i], "lbopt.%s_step%s.%s", optimizer, cap ? "_capturable" : "",
              lbopt_state_kind_name(kind));
-    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", fam.title, kKindDocs[kind],
+    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", fam.title, kStateKindDocs[kind],
              cap ? ", lr and step read from scalar tensors" : "");
     const size_t skip = cap ? 2 : 0;  // the capturable operators take lr and step as tensors, not attributes
     ops[i] = {sizeof(lbopt_op_info), s->names[i], 1, s->docs[i], n_tensors + skip, s->tensors[cap],
@@ -344,12 +344,15 @@ lbopt_status resolve(const lbopt_op_info& op, const lbopt_attr* attrs, size_t n_
 }
 
 lbopt_status kind_of(const char* s, lbopt_state_kind* out) {
-  for (size_t k = 0; k < kNumKinds; ++k)
-    if (strcmp(s, lbopt_state_kind_name(lbopt_state_kind(k))) == 0) {
+  char names[64] = "";
+  for (size_t k = 0; k < kNumKinds; ++k) {
+    if (strcmp(s, kStateKindNames[k]) == 0) {
       *out = lbopt_state_kind(k);
       return LBOPT_OK;
     }
-  return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'kind' = '%s' is not 4bit, 8bit, fp8 or fp32", s);
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", kStateKindNames[k]);
+  }
+  return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'kind' = '%s' is not one of %s", s, names);
 }
 
 lbopt_status moment_of(const char* s, lbopt_moment* out) {
@@ -446,18 +449,18 @@ lbopt_status invoke(size_t id, const lbopt_op_info& op, const DLTensor* const* t
     case kCapturableFp32:
       return invoke_adamw(op, lbopt_state_kind(id - kCapturable4), t, a, t[8], t[9], t[10], stream);
     case kQuantize:
-      LBOPT_TRY(kind_of(a[0].s, &kind));
-      LBOPT_TRY(moment_of(a[1].s, &moment));
+      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
+      LBOPT_TRY(moment_of(attr(op, a, "moment").s, &moment));
       return lbopt_quantize(kind, moment, t[0], lbopt_state{t[1], t[2]}, stream);
     case kDequantize:
-      LBOPT_TRY(kind_of(a[0].s, &kind));
-      LBOPT_TRY(moment_of(a[1].s, &moment));
+      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
+      LBOPT_TRY(moment_of(attr(op, a, "moment").s, &moment));
       return lbopt_dequantize(kind, moment, lbopt_state{t[0], t[1]}, t[2], stream);
     case kStateInit:
-      LBOPT_TRY(kind_of(a[0].s, &kind));
-      return lbopt_state_init(kind, a[1].i, lbopt_state{t[0], t[1]}, stream);
+      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
+      return lbopt_state_init(kind, attr(op, a, "numel").i, lbopt_state{t[0], t[1]}, stream);
     case kStateLayout: {
-      LBOPT_TRY(kind_of(a[0].s, &kind));
+      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
       const DLTensor* out = t[0];
       const uintptr_t addr = uintptr_t(out->data) + out->byte_offset;
       if (out->device.device_type != kDLCPU || out->dtype.code != kDLInt || out->dtype.bits != 64 ||
@@ -465,7 +468,7 @@ lbopt_status invoke(size_t id, const lbopt_op_info& op, const DLTensor* const* t
           (out->strides && out->strides[0] != 1) || addr < uintptr_t(out->data) || addr % 8 != 0)
         return fail(LBOPT_ERR_SHAPE, "tensors[0] (out): must be a compact, aligned int64 [4] CPU tensor");
       lbopt_layout l;
-      LBOPT_TRY(lbopt_state_layout(kind, a[1].i, &l, sizeof l));
+      LBOPT_TRY(lbopt_state_layout(kind, attr(op, a, "numel").i, &l, sizeof l));
       int64_t* o = reinterpret_cast<int64_t*>(addr);
       o[0] = l.codes_numel;
       o[1] = l.codes_bytes;
