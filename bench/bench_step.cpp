@@ -2,7 +2,8 @@
 // usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16]
 //                   [--optimizers adamw,sgd,lion,ademamix] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
 //                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
-//                   instruction set the CPU supports; optimizers default to adamw, SGD runs with momentum 0.9)
+//                   instruction set the CPU supports; optimizers default to all four, so that every default run
+//                   gives each one's ratio to AdamW; SGD runs with momentum 0.9)
 // Per optimizer, state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s
 // (the bytes of ALGORITHMS.md section 8: param read+write, grad read, every state read+written, scales), the
 // ratio to the roofline's GB/s (see roofline()), measured with the same footprint and threads, and the ratio of
@@ -234,7 +235,7 @@ const char* optimizer_name(int i) { return lbopt_optimizer_name(lbopt_optimizer(
 
 int main(int argc, char** argv) {
   std::vector<std::string> sizes{"1M", "16M"}, threads{"1", "0"}, kinds{"4bit", "8bit", "fp8", "fp32"},
-      params{"fp32", "bf16"}, optimizers{"adamw"};
+      params{"fp32", "bf16"}, optimizers{"adamw", "sgd", "lion", "ademamix"};
   int reps = 5;
   const char* csv = nullptr;
   for (int i = 1; i + 1 < argc; i += 2) {
