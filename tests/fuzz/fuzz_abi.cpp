@@ -19,8 +19,9 @@
 //
 // Input format (a byte reader; bytes past the end read as 0, and 0 always picks the valid default, so the one-byte
 // input "\x00" is a valid 4-bit step and every seed can be short):
-//   u8 entry (% 9): 0 adamw_step, 1 adamw_step_capturable, 2 quantize, 3 dequantize, 4 state_init,
-//                   5 state_layout, 6 op_invoke, 7 step (the generic step of any optimizer), 8 step_capturable
+//   u8 entry (% 10): 0 adamw_step, 1 adamw_step_capturable, 2 quantize, 3 dequantize, 4 state_init,
+//                    5 state_layout, 6 op_invoke, 7 step (the generic step of any optimizer), 8 step_capturable,
+//                    9 the name lookups (lbopt_optimizer_name, lbopt_state_kind_name, lbopt_op_find)
 //   u32 content seed, u8 misc (bit0: pass a non-NULL dummy stream, which CPU calls must ignore; bit1: tensors on
 //   cuda:0 by default, bit2: on kDLCUDAHost by default)
 //   then the entry's fields in the order the decode_* functions below read them; each tensor is
@@ -1240,6 +1241,46 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+// The lookups that return no status: lbopt_optimizer_name and lbopt_state_kind_name name exactly the enums' values
+// (with the names the docs give), and lbopt_op_find returns the operator of exactly the name it is given: a
+// registered name (found, and the schema's own pointer), the same name cut short or with one byte changed, or
+// random bytes (NULL unless they spell a registered name), or NULL.
+void run_names(Ctx& c) {
+  Reader& r = c.r;
+  c.entry = "lbopt names";
+  static const char* const optimizers[] = {"adamw", "sgd", "lion", "ademamix"};
+  static const char* const kinds[] = {"4bit", "8bit", "fp8", "fp32"};
+  const int32_t o = fuzz_enum(r, 4), k = fuzz_enum(r, 4);
+  const char* on = lbopt_optimizer_name(lbopt_optimizer(o));
+  const char* kn = lbopt_state_kind_name(lbopt_state_kind(k));
+  if ((o >= 0 && o < 4) ? !on || strcmp(on, optimizers[o]) != 0 : on != nullptr)
+    c.die(LBOPT_OK, "lbopt_optimizer_name(%d) = %s", o, on ? on : "NULL");
+  if ((k >= 0 && k < 4) ? !kn || strcmp(kn, kinds[k]) != 0 : kn != nullptr)
+    c.die(LBOPT_OK, "lbopt_state_kind_name(%d) = %s", k, kn ? kn : "NULL");
+  const size_t count = lbopt_op_count();
+  const uint8_t how = r.u8();
+  const size_t i = count ? r.u8() % count : 0;
+  const lbopt_op_info* own = count ? lbopt_op_schema(i) : nullptr;
+  char name[64] = {};
+  if (own) snprintf(name, sizeof name, "%s", own->name);
+  switch (how & 3) {
+    case 0: break;                                      // a registered name
+    case 1: name[r.u8() % (strlen(name) + 1)] = 0; break;  // cut short (or not at all)
+    case 2: name[r.u8() % (strlen(name) + 1)] ^= char(1 + r.u8() % 255); break;  // one byte changed
+    default:
+      for (size_t j = 0; j + 1 < sizeof name; ++j) name[j] = char(r.u8());  // random bytes, 0 ends them
+  }
+  const lbopt_op_info* found = lbopt_op_find(how & 4 ? nullptr : name);
+  if (how & 4) {
+    if (found) c.die(LBOPT_OK, "lbopt_op_find(NULL) found %s", found->name);
+    return;
+  }
+  const lbopt_op_info* want = nullptr;
+  for (size_t j = 0; j < count && !want; ++j)
+    if (strcmp(lbopt_op_schema(j)->name, name) == 0) want = lbopt_op_schema(j);
+  if (found != want) c.die(LBOPT_OK, "lbopt_op_find(\"%s\") = %s", name, found ? found->name : "NULL");
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Ctx c;
   c.r = Reader{data, size};
@@ -1251,7 +1292,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // host buffers for device memory, so this harness is built with LBOPT_WITH_CUDA=0) or on CUDAHost (host memory).
   if (misc & 2) c.device = {kDLCUDA, 0};
   else if (misc & 4) c.device = {kDLCUDAHost, 0};
-  switch (entry % 9) {
+  switch (entry % 10) {
     case 0: run_step(c, false); break;
     case 1: run_step(c, true); break;
     case 2: run_convert(c, true); break;
@@ -1260,7 +1301,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 5: run_state_layout(c); break;
     case 6: run_op_invoke(c); break;
     case 7: run_generic_step(c, false); break;
-    default: run_generic_step(c, true); break;
+    case 8: run_generic_step(c, true); break;
+    default: run_names(c); break;
   }
   return 0;
 }
