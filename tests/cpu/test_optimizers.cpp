@@ -1,6 +1,7 @@
 // The generic step (ABI 0.3) for SGD, Lion and AdEMAMix, and AdamW through it:
-//   * fp32 states against an independent double-precision reference written here from the equations (100 steps,
-//     a new lr on every step);
+//   * fp32 states, AdamW too: every element of the params and states against an independent double-precision
+//     reference written here from the equations (100 steps, a new lr on every step; fp32_bound says how close),
+//     and bit for bit against a float32 mirror of the kernels' operation order;
 //   * 4-bit, 8-bit and FP8 states: the states after one step are the exact ones on the right codebook (read back
 //     with the moment this file expects, not the library's), and a 100-step run stays finite and near the fp32 run;
 //   * SIMD kernels bit-identical to the portable ones on every instruction set Highway can force here;
@@ -193,11 +194,22 @@ std::vector<double> initial_params(int64_t n, uint64_t seed) {
 // ------------------------------------------------------------------------------------------------------------
 // The reference: the equations in double precision
 
+// Alongside every value the reference keeps its magnitude: the same recurrence run on the absolute values of its
+// terms (and on the magnitudes of the values it reads), e.g. m = b m + (1 - b) g beside M = b M + (1 - b) |g|.
+// Every float32 operation rounds to within half an ulp of its result, and a result is never larger than the sum
+// of its terms' sizes, so a float32 run can only be held to (a small multiple of) 2^-24 of this magnitude
+// per operation: where terms cancel (a signed EMA or a param passing through zero) the value itself is a poor
+// yardstick. Without cancellation (nu, v, vmax; a param that keeps its sign and hardly moves) the magnitude is
+// the value itself.
 struct Ref {
   std::vector<double> p, s[LBOPT_MAX_STATES];
+  std::vector<double> p_mag, s_mag[LBOPT_MAX_STATES];
   std::vector<char> lion_near_zero;  // Lion: c came within 1e-6 (relative to its terms) of zero at some step
   explicit Ref(std::vector<double> p0) : p(std::move(p0)), lion_near_zero(p.size(), 0) {
+    p_mag.resize(p.size());
+    for (size_t i = 0; i < p.size(); ++i) p_mag[i] = fabs(p[i]);
     for (auto& v : s) v.assign(p.size(), 0.0);
+    for (auto& v : s_mag) v.assign(p.size(), 0.0);
   }
 };
 
@@ -218,46 +230,160 @@ void ref_step(const lbopt_optimizer_config& c, double lr, int64_t t, const std::
     const double f = td / c.t_beta3;
     beta3_t = std::min(exp(log(b1) * log(b3) / ((1 - f) * log(b3) + f * log(b1))), b3);
   }
+  const double bc1 = 1 - pow(b1, td), bc2 = 1 - pow(b2, td);
   for (size_t i = 0; i < r.p.size(); ++i) {
-    double g = gf * grad[i];
-    double& p = r.p[i];
+    double g = gf * grad[i], G = fabs(grad[i]);
+    double &p = r.p[i], &P = r.p_mag[i];
     switch (c.optimizer) {
       case LBOPT_OPTIMIZER_SGD: {
-        if (wd != 0) g = g + wd * p;
+        if (wd != 0) {
+          g = g + wd * p;
+          G = G + wd * P;
+        }
         if (c.momentum != 0) {
-          double& buf = r.s[0][i];
+          double &buf = r.s[0][i], &B = r.s_mag[0][i];
           buf = t == 1 ? g : c.momentum * buf + (1 - c.dampening) * g;
-          g = (c.flags & LBOPT_FLAG_NESTEROV) ? g + c.momentum * buf : buf;
+          B = t == 1 ? G : c.momentum * B + (1 - c.dampening) * G;
+          const bool nesterov = c.flags & LBOPT_FLAG_NESTEROV;
+          g = nesterov ? g + c.momentum * buf : buf;
+          G = nesterov ? G + c.momentum * B : B;
           buf = stored(buf);
         }
         p = p - lr * g;
+        P = P + lr * G;
         break;
       }
       case LBOPT_OPTIMIZER_LION: {
-        double& m = r.s[0][i];
+        double &m = r.s[0][i], &M = r.s_mag[0][i];
         p = p * (1 - lr * wd);
+        P = P * (1 - lr * wd) + lr;
         const double cc = b1 * m + (1 - b1) * g;
         if (fabs(cc) <= 1e-6 * (fabs(b1 * m) + fabs((1 - b1) * g))) r.lion_near_zero[i] = 1;
         p = p - lr * sign_of(cc);
         m = stored(b2 * m + (1 - b2) * g);
+        M = b2 * M + (1 - b2) * G;
         break;
       }
       case LBOPT_OPTIMIZER_ADEMAMIX: {
         double &m1 = r.s[0][i], &m2 = r.s[1][i], &nu = r.s[2][i];
+        double &M1 = r.s_mag[0][i], &M2 = r.s_mag[1][i], &NU = r.s_mag[2][i];
         m1 = b1 * m1 + (1 - b1) * g;
         m2 = beta3_t * m2 + (1 - beta3_t) * g;
         nu = b2 * nu + (1 - b2) * g * g;
-        const double denom = sqrt(nu) / sqrt(1 - pow(b2, td)) + c.eps;
-        const double u = (m1 / (1 - pow(b1, td)) + alpha_t * m2) / denom + wd * p;
+        M1 = b1 * M1 + (1 - b1) * G;
+        M2 = beta3_t * M2 + (1 - beta3_t) * G;
+        NU = nu;
+        const double denom = sqrt(nu) / sqrt(bc2) + c.eps;
+        const double u = (m1 / bc1 + alpha_t * m2) / denom + wd * p;
         p = p - lr * u;
+        P = P + lr * ((M1 / bc1 + alpha_t * M2) / denom + wd * P);
         m1 = stored(m1);
         m2 = stored(m2);
         nu = stored(nu);
         break;
       }
-      default: FAIL("ref_step: not a new optimizer");
+      case LBOPT_OPTIMIZER_ADAMW: {  // torch.optim.AdamW / Adam (coupled decay), AMSGrad
+        double &m = r.s[0][i], &v = r.s[1][i], &vmax = r.s[2][i];
+        double &M = r.s_mag[0][i], &V = r.s_mag[1][i], &VMAX = r.s_mag[2][i];
+        if (c.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY) {
+          g = g + wd * p;
+          G = G + wd * P;
+        } else {
+          p = p * (1 - lr * wd);
+          P = P * (1 - lr * wd);
+        }
+        m = b1 * m + (1 - b1) * g;
+        M = b1 * M + (1 - b1) * G;
+        v = b2 * v + (1 - b2) * g * g;
+        V = v;
+        double vu = v;
+        if (c.flags & LBOPT_FLAG_AMSGRAD) vu = VMAX = vmax = std::max(vmax, v);
+        const double denom = sqrt(vu) / sqrt(bc2) + c.eps;
+        p = p - lr / bc1 * m / denom;
+        P = P + lr / bc1 * M / denom;
+        m = stored(m);
+        v = stored(v);
+        vmax = stored(vmax);
+        break;
+      }
+      default: FAIL("ref_step: not an optimizer this file knows");
     }
     p = stored(p);
+  }
+}
+
+// The float32 mirror: the same steps in float32 in the kernels' operation order (kernels/optim/*.h): every
+// coefficient rounded to float32 once per step from its double, a multiply-add fused (fmaf) where the kernel fuses
+// it. Every operation is an IEEE one (correctly rounded), so the library's fp32 run must equal it bit for bit;
+// that pins the float32 rounding the double reference can only bound (see fp32_bound below).
+struct Mirror {
+  std::vector<float> p, s[LBOPT_MAX_STATES];
+  explicit Mirror(const std::vector<double>& p0) : p(p0.begin(), p0.end()) {
+    for (auto& v : s) v.assign(p.size(), 0.0f);
+  }
+};
+
+void mirror_step(const lbopt_optimizer_config& c, double lr, int64_t t, const std::vector<double>& grad, Mirror& r) {
+  const float gf = (c.flags & LBOPT_FLAG_MAXIMIZE) ? -1.0f : 1.0f;
+  const double td = double(t), wd = c.weight_decay;
+  const double bc1 = 1.0 - pow(c.beta1, td), bc2 = 1.0 - pow(c.beta2, td);
+  const float neg_lr = float(-lr), decay = float(1.0 - lr * wd), wd_f = float(wd), eps = float(c.eps);
+  const float b1 = float(c.beta1), omb1 = float(1.0 - c.beta1), b2 = float(c.beta2), omb2 = float(1.0 - c.beta2);
+  double beta3 = c.beta3;  // AdEMAMix's warm-ups, as ref_step computes them
+  if (c.t_beta3 > 0) {
+    const double ln1 = log(c.beta1), ln3 = log(c.beta3), f = td / c.t_beta3;
+    beta3 = std::min(exp(ln1 * ln3 / ((1.0 - f) * ln3 + f * ln1)), c.beta3);
+  }
+  const float b3 = float(beta3), omb3 = float(1.0 - beta3);
+  const float alpha = float(c.t_alpha > 0 ? std::min(td * c.alpha / c.t_alpha, c.alpha) : c.alpha);
+  const auto sign = [](float x) { return x == 0.0f ? x : copysignf(1.0f, x); };
+  for (size_t i = 0; i < r.p.size(); ++i) {
+    float g = float(grad[i]) * gf, &p = r.p[i];
+    float &s0 = r.s[0][i], &s1 = r.s[1][i], &s2 = r.s[2][i];
+    switch (c.optimizer) {
+      case LBOPT_OPTIMIZER_SGD:
+        if (wd != 0) g = fmaf(wd_f, p, g);
+        if (c.momentum != 0) {
+          const float mom = float(c.momentum);
+          s0 = t == 1 ? g : fmaf(float(1.0 - c.dampening), g, s0 * mom);
+          g = (c.flags & LBOPT_FLAG_NESTEROV) ? fmaf(mom, s0, g) : s0;
+        }
+        p = fmaf(neg_lr, g, p);
+        break;
+      case LBOPT_OPTIMIZER_LION: {
+        p = p * decay;
+        const float cc = fmaf(omb1, g, s0 * b1);
+        p = fmaf(neg_lr, sign(cc), p);
+        s0 = fmaf(omb2, g, s0 * b2);
+        break;
+      }
+      case LBOPT_OPTIMIZER_ADEMAMIX: {
+        s0 = fmaf(omb1, g, s0 * b1);
+        s1 = fmaf(omb3, g, s1 * b3);
+        s2 = fmaf(omb2 * g, g, s2 * b2);
+        const float denom = fmaf(sqrtf(s2), float(1.0 / sqrt(bc2)), eps);
+        float u = fmaf(alpha, s1, s0 * float(1.0 / bc1)) / denom;
+        u = fmaf(wd_f, p, u);
+        p = fmaf(neg_lr, u, p);
+        break;
+      }
+      case LBOPT_OPTIMIZER_ADAMW: {
+        const bool coupled = c.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
+        if (coupled) g = fmaf(wd_f, p, g);
+        s0 = omb1 < 0.5f ? fmaf(omb1, g - s0, s0) : fmaf(-(1.0f - omb1), g - s0, g);  // torch.lerp
+        s1 = fmaf(omb2 * g, g, s1 * b2);
+        float root = sqrtf(s1);
+        if (c.flags & LBOPT_FLAG_AMSGRAD) {
+          s2 = s2 >= s1 ? s2 : s1;
+          root = sqrtf(s2);
+        }
+        if (!coupled) p = p * decay;
+        const float denom = root / float(pow(bc2, 0.5)) + eps;
+        p = p + float(-(lr / bc1)) * s0 / denom;
+        break;
+      }
+      default: FAIL("mirror_step: not an optimizer this file knows");
+    }
   }
 }
 
@@ -265,6 +391,39 @@ double max_abs(const std::vector<double>& v) {
   double m = 0;
   for (double x : v) m = std::max(m, fabs(x));
   return m;
+}
+
+// The per-element bound of an fp32 run against the double reference, for the params (k = -1) or state k.
+//
+// 1e-6 (the requirement) where float32 can meet it: SGD's params and buffer, Lion's params without weight decay,
+// the short-memory first moments (AdamW's m, AdEMAMix's m1). Elsewhere float32 carries errors the double reference
+// cannot share; the float32 mirror pins them exactly (bit for bit), so here only their size is bounded, by 3e-6:
+//  * an EMA with a long memory (coefficient >= 0.95: AdamW's v and vmax, AdEMAMix's nu and slow m2, Lion's m).
+//    (1) The kernel multiplies by float32 coefficients: float(0.999) = 0.999 (1 + 1.29e-8), float(1 - 0.999) =
+//    1e-3 (1 + 4.75e-8), float(0.9999) = 0.9999 (1 - 1.66e-8), float(0.99) = 0.99 (1 + 0.96e-8). A term that
+//    entered k steps ago carries beta^k, off by k times that; after 100 steps of stationary gradients (mean age
+//    ~49) v is off by ~6.8e-7, one sign on every element (measured: a mean of ~7 ulps). (2) The kernel rounds
+//    twice a step (beta * v, then the fma) where the reference rounds once; the extra rounding moves the value by
+//    up to half an ulp, so the two land on different floats about a quarter of the time and drift apart by a
+//    random walk of ~sqrt(100 / 4) = 5 ulps that such an EMA does not forget (measured sigma ~3 ulps, ~3e-7).
+//  * a param multiplied by the decoupled decay 1 - lr wd (AdamW, Lion with weight decay): the kernel rounds
+//    p * float(1 - lr wd), then p + update again, two roundings of p a step against the reference's one, the same
+//    random walk (measured sigma ~3.5e-7 relative), plus float(1 - lr wd)'s own error of up to 3e-8 a step.
+//  * a param whose update reads one of those EMAs (AdamW and Adam divide by sqrt(v), AdEMAMix by sqrt(nu) and
+//    mixes in m2): each step's update inherits up to half of v's relative error and all of m2's, so p's error
+//    grows to that share of its movement (measured up to 0.89e-6 for AdEMAMix, 0.45e-6 for Adam).
+// Measured worst of the 3e-6 ones (here / tests/python/test_optimizers.py's 5000-element tensors): AdamW params
+// 1.74e-6 / 1.92e-6, v and vmax 1.65e-6 / 1.82e-6, nu 1.53e-6 / 1.82e-6, m2 1.46e-6 / 1.94e-6, Lion's m 1.01e-6 /
+// 1.24e-6, Lion's params with weight decay 1.36e-6 / 1.43e-6; with the reference given the float32 coefficients
+// and the decay's extra rounding, all of them here drop to <= 0.97e-6. 3e-6 is the systematic part (<= ~0.9e-6
+// with these gradients) plus over 5 sigma of the random walk.
+double fp32_bound(const lbopt_optimizer_config& c, int k) {
+  const auto by_memory = [](double beta) { return beta >= 0.95 ? 3e-6 : 1e-6; };
+  switch (c.optimizer) {
+    case LBOPT_OPTIMIZER_SGD: return by_memory(c.momentum);  // the params read the buffer
+    case LBOPT_OPTIMIZER_LION: return k < 0 ? (c.weight_decay != 0 ? 3e-6 : 1e-6) : by_memory(c.beta2);
+    default: return k == 0 ? by_memory(c.beta1) : 3e-6;  // AdamW, AdEMAMix: only m / m1 is a short EMA
+  }
 }
 
 // One run of the library: the same initial params and grads for every kind.
@@ -300,8 +459,16 @@ constexpr int64_t kRunSteps = 100;
 
 TEST_SUITE("optimizers") {
   TEST_CASE("fp32 states: 100 steps, a new lr on every step, match the double-precision reference") {
-    for (size_t si = 0; si < new_specs().size(); ++si) {
-      const Spec& spec = new_specs()[si];
+    // SGD, Lion and AdEMAMix in every variant above, and AdamW / Adam / AMSGrad through the same lbopt_step
+    using C = lbopt_optimizer_config;
+    std::vector<Spec> specs = new_specs();
+    specs.push_back({"adamw", LBOPT_OPTIMIZER_ADAMW, nullptr});
+    specs.push_back({"adamw, amsgrad, weight decay 0.1, maximize", LBOPT_OPTIMIZER_ADAMW,
+                     [](C& c) { c.flags = LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_MAXIMIZE; c.weight_decay = 0.1; }});
+    specs.push_back({"adam (coupled decay), betas 0.8 / 0.99", LBOPT_OPTIMIZER_ADAMW,
+                     [](C& c) { c.flags = LBOPT_FLAG_ADAM_COUPLED_DECAY; c.beta1 = 0.8; c.beta2 = 0.99; }});
+    for (size_t si = 0; si < specs.size(); ++si) {
+      const Spec& spec = specs[si];
       const std::string name = spec.name;
       CAPTURE(name);
       const lbopt_optimizer_config cfg = config_of(spec, LBOPT_STATE_FP32);
@@ -309,35 +476,57 @@ TEST_SUITE("optimizers") {
       const Grads grads(kRunNumel, kRunSteps, 200 + si);
       const LibRun lib = run_library(cfg, p0, grads);
       Ref ref(p0);
-      for (int64_t t = 1; t <= kRunSteps; ++t) ref_step(cfg, lr_at(cfg.optimizer, t), t, grads.at(t), ref, true);
-
-      const std::vector<double> got = lib.slot->params();
-      const double scale = max_abs(ref.p);
-      double max_rel = 0, moved = 0;
-      int64_t excluded = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        moved = std::max(moved, fabs(ref.p[i] - p0[i]));
-        if (ref.lion_near_zero[i]) {
-          ++excluded;
-          continue;
-        }
-        max_rel = std::max(max_rel, fabs(got[i] - ref.p[i]) / scale);
+      Mirror mirror(p0);
+      for (int64_t t = 1; t <= kRunSteps; ++t) {
+        ref_step(cfg, lr_at(cfg.optimizer, t), t, grads.at(t), ref, true);
+        mirror_step(cfg, lr_at(cfg.optimizer, t), t, grads.at(t), mirror);
       }
-      double max_state_rel = 0;
-      for (int k = 0; k < model_states(cfg); ++k) {
-        const std::vector<double> s = lib.slot->state(k, model_moment(cfg.optimizer, k));
-        const double sscale = max_abs(ref.s[k]);
-        for (size_t i = 0; i < s.size(); ++i)
-          if (!ref.lion_near_zero[i]) max_state_rel = std::max(max_state_rel, fabs(s[i] - ref.s[k][i]) / sscale);
-      }
-      MESSAGE(name, ": max |lib - ref| / max|p| = ", max_rel, ", states ", max_state_rel, ", excluded ", excluded,
-              ", largest move / max|p| = ", moved / scale);
       CHECK(lib.finite);
-      CHECK(max_rel <= 1e-6);
-      CHECK(max_state_rel <= 1e-5);
-      CHECK(excluded <= 5);  // of 1000 (Lion only: c within 1e-6 of zero)
-      // the run did move the params (so 1e-6 is a real bound): by far more than the error
-      CHECK(moved / scale > 1e-3);
+
+      // Every element of the params and of every state, per element: |lib - ref| / max(|ref|, its magnitude) (see
+      // Ref), and bit for bit against the float32 mirror.
+      std::string report;
+      const auto compare = [&](const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                               const std::vector<double>& mag, const std::vector<float>& mirrored, double bound,
+                               bool skip_lion_ties) {
+        double worst = 0;
+        size_t worst_i = 0;
+        int64_t floored = 0, over = 0, not_bitwise = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          not_bitwise += float(got[i]) != mirrored[i] || std::signbit(float(got[i])) != std::signbit(mirrored[i]);
+          if (skip_lion_ties && ref.lion_near_zero[i]) continue;
+          const double err = fabs(got[i] - want[i]) / std::max(fabs(want[i]), mag[i]);
+          if (err > worst) {
+            worst = err;
+            worst_i = i;
+          }
+          over += err > bound;
+          floored += mag[i] > 2 * fabs(want[i]);
+        }
+        report += "\n  " + what + ": worst " + std::to_string(worst * 1e6) + "e-6 (bound " +
+                  std::to_string(bound * 1e6) + "e-6; element " + std::to_string(worst_i) + ", ref " +
+                  std::to_string(want[worst_i]) + ", magnitude " + std::to_string(mag[worst_i]) + "), " +
+                  std::to_string(floored) + " elements whose magnitude is over 2x |ref|";
+        CHECK_MESSAGE(over == 0, what, ": ", over, " elements over ", bound, " relative, the worst ", worst);
+        CHECK_MESSAGE(not_bitwise == 0, what, ": ", not_bitwise, " elements differ from the float32 mirror");
+      };
+      const std::vector<double> got = lib.slot->params();
+      compare("params", got, ref.p, ref.p_mag, mirror.p, fp32_bound(cfg, -1), true);
+      for (int k = 0; k < model_states(cfg); ++k)
+        compare("state " + std::to_string(k), lib.slot->state(k, model_moment(cfg.optimizer, k)), ref.s[k],
+                ref.s_mag[k], mirror.s[k], fp32_bound(cfg, k), false);
+      // Lion: elements whose sign(c) came within 1e-6 of a tie at some step are left out of the params' comparison
+      // with the double reference (float and double may pick different signs there: a 2 lr jump); the mirror
+      // still covers them. Measured: none of these runs has one.
+      int64_t excluded = 0;
+      for (char x : ref.lion_near_zero) excluded += x;
+      CHECK(excluded <= 5);  // of 1000
+      // the run did move the params (so the bounds are real ones): by far more than the error
+      double moved = 0;
+      for (size_t i = 0; i < got.size(); ++i) moved = std::max(moved, fabs(ref.p[i] - p0[i]));
+      const double moved_rel = moved / max_abs(ref.p);
+      CHECK(moved_rel > 1e-3);
+      MESSAGE(name, ": Lion near-ties left out ", excluded, ", largest move / max|p| ", moved_rel, report);
     }
   }
 }
