@@ -10,6 +10,7 @@
 #include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
+#include "validate.h"
 
 namespace lbopt {
 namespace {
@@ -303,64 +304,11 @@ const Registry& registry() {
   return r;
 }
 
-const char* type_name(int32_t t) {
-  static const char* names[] = {"DOUBLE", "INT64", "BOOL", "STRING"};
-  return t >= 0 && t < 4 ? names[t] : "unknown";
-}
-
 // Attribute values of one invoke, in schema order, defaults filled in.
 struct Attrs {
   lbopt_attr v[kMaxAttrs];
   const lbopt_attr& operator[](size_t i) const { return v[i]; }
 };
-
-lbopt_status resolve(const lbopt_op_info& op, const lbopt_attr* attrs, size_t n_attrs, Attrs* out) {
-  bool seen[kMaxAttrs] = {};
-  if (n_attrs && !attrs) return fail(LBOPT_ERR_NULL_POINTER, "attrs: NULL with n_attrs = %zu", n_attrs);
-  for (size_t i = 0; i < n_attrs; ++i) {
-    const lbopt_attr& a = attrs[i];
-    if (!a.name) return fail(LBOPT_ERR_NULL_POINTER, "attrs[%zu].name: NULL", i);
-    size_t k = 0;
-    while (k < op.n_attrs && strcmp(op.attrs[k].name, a.name) != 0) ++k;
-    if (k == op.n_attrs)
-      return fail(LBOPT_ERR_INVALID_VALUE, "attrs[%zu]: unknown attribute '%s' for %s", i, a.name, op.name);
-    if (seen[k]) return fail(LBOPT_ERR_INVALID_VALUE, "attrs[%zu]: attribute '%s' given twice", i, a.name);
-    if (a.type != op.attrs[k].type)
-      return fail(LBOPT_ERR_DTYPE, "attrs[%zu] '%s': type %s, %s takes %s", i, a.name, type_name(a.type), op.name,
-                  type_name(op.attrs[k].type));
-    if (a.type == LBOPT_ATTR_STRING && !a.s) return fail(LBOPT_ERR_NULL_POINTER, "attrs[%zu] '%s': NULL string", i, a.name);
-    if (a.type == LBOPT_ATTR_BOOL && a.i != 0 && a.i != 1)
-      return fail(LBOPT_ERR_INVALID_VALUE, "attrs[%zu] '%s': bool %lld is not 0 or 1", i, a.name, (long long)a.i);
-    seen[k] = true;
-    out->v[k] = a;
-  }
-  for (size_t k = 0; k < op.n_attrs; ++k) {
-    if (seen[k]) continue;
-    const lbopt_attr_arg& s = op.attrs[k];
-    if (s.required) return fail(LBOPT_ERR_INVALID_VALUE, "attribute '%s' of %s is required", s.name, op.name);
-    out->v[k] = lbopt_attr{s.name, s.type, s.default_double, s.default_int, s.default_string};
-  }
-  return LBOPT_OK;
-}
-
-lbopt_status kind_of(const char* s, lbopt_state_kind* out) {
-  char names[64] = "";
-  for (size_t k = 0; k < kNumKinds; ++k) {
-    if (strcmp(s, kStateKindNames[k]) == 0) {
-      *out = lbopt_state_kind(k);
-      return LBOPT_OK;
-    }
-    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", kStateKindNames[k]);
-  }
-  return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'kind' = '%s' is not one of %s", s, names);
-}
-
-lbopt_status moment_of(const char* s, lbopt_moment* out) {
-  if (strcmp(s, "m") == 0) *out = LBOPT_MOMENT_FIRST;
-  else if (strcmp(s, "v") == 0) *out = LBOPT_MOMENT_SECOND;
-  else return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'moment' = '%s' is not 'm' or 'v'", s);
-  return LBOPT_OK;
-}
 
 // An attribute of a resolved invoke, by name (every name asked for is in the op's schema).
 const lbopt_attr& attr(const lbopt_op_info& op, const Attrs& a, const char* name) {
@@ -449,27 +397,22 @@ lbopt_status invoke(size_t id, const lbopt_op_info& op, const DLTensor* const* t
     case kCapturableFp32:
       return invoke_adamw(op, lbopt_state_kind(id - kCapturable4), t, a, t[8], t[9], t[10], stream);
     case kQuantize:
-      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
-      LBOPT_TRY(moment_of(attr(op, a, "moment").s, &moment));
+      LBOPT_TRY(validate_kind_name(attr(op, a, "kind").s, &kind));
+      LBOPT_TRY(validate_moment_name(attr(op, a, "moment").s, &moment));
       return lbopt_quantize(kind, moment, t[0], lbopt_state{t[1], t[2]}, stream);
     case kDequantize:
-      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
-      LBOPT_TRY(moment_of(attr(op, a, "moment").s, &moment));
+      LBOPT_TRY(validate_kind_name(attr(op, a, "kind").s, &kind));
+      LBOPT_TRY(validate_moment_name(attr(op, a, "moment").s, &moment));
       return lbopt_dequantize(kind, moment, lbopt_state{t[0], t[1]}, t[2], stream);
     case kStateInit:
-      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
+      LBOPT_TRY(validate_kind_name(attr(op, a, "kind").s, &kind));
       return lbopt_state_init(kind, attr(op, a, "numel").i, lbopt_state{t[0], t[1]}, stream);
     case kStateLayout: {
-      LBOPT_TRY(kind_of(attr(op, a, "kind").s, &kind));
-      const DLTensor* out = t[0];
-      const uintptr_t addr = uintptr_t(out->data) + out->byte_offset;
-      if (out->device.device_type != kDLCPU || out->dtype.code != kDLInt || out->dtype.bits != 64 ||
-          out->dtype.lanes != 1 || out->ndim != 1 || !out->shape || out->shape[0] != 4 || !out->data ||
-          (out->strides && out->strides[0] != 1) || addr < uintptr_t(out->data) || addr % 8 != 0)
-        return fail(LBOPT_ERR_SHAPE, "tensors[0] (out): must be a compact, aligned int64 [4] CPU tensor");
+      LBOPT_TRY(validate_kind_name(attr(op, a, "kind").s, &kind));
+      int64_t* o = nullptr;
+      LBOPT_TRY(validate_layout_out(t[0], &o));
       lbopt_layout l;
       LBOPT_TRY(lbopt_state_layout(kind, attr(op, a, "numel").i, &l, sizeof l));
-      int64_t* o = reinterpret_cast<int64_t*>(addr);
       o[0] = l.codes_numel;
       o[1] = l.codes_bytes;
       o[2] = l.scales_numel;
@@ -500,20 +443,10 @@ extern "C" const lbopt_op_info* lbopt_op_find(const char* name) {
 extern "C" lbopt_status lbopt_op_invoke(const lbopt_op_info* op, const DLTensor* const* tensors, size_t n_tensors,
                                         const lbopt_attr* attrs, size_t n_attrs, void* stream) {
   clear_error();
-  if (!op) return fail(LBOPT_ERR_NULL_POINTER, "op: NULL");
-  // By address, not by pointer arithmetic, which is undefined for a pointer into some other object.
-  const uintptr_t base = uintptr_t(registry().ops), at = uintptr_t(op);
-  if (at < base || at - base >= sizeof registry().ops || (at - base) % sizeof *op != 0)
-    return fail(LBOPT_ERR_INVALID_VALUE, "op: not an operator of this library");
-  const size_t id = (at - base) / sizeof *op;
-  if (n_tensors != op->n_tensors)
-    return fail(LBOPT_ERR_INVALID_VALUE, "n_tensors = %zu, %s takes %zu", n_tensors, op->name, op->n_tensors);
-  if (!tensors) return fail(LBOPT_ERR_NULL_POINTER, "tensors: NULL");
-  for (size_t i = 0; i < n_tensors; ++i)
-    if (!tensors[i] && !op->tensors[i].optional)
-      return fail(LBOPT_ERR_NULL_POINTER, "tensors[%zu] (%s): NULL, and %s requires it", i, op->tensors[i].name,
-                  op->name);
+  size_t id = 0;
+  LBOPT_TRY(validate_op(op, registry().ops, kOpCount, &id));
+  LBOPT_TRY(validate_op_tensors(*op, tensors, n_tensors));
   Attrs values;
-  LBOPT_TRY(resolve(*op, attrs, n_attrs, &values));
+  LBOPT_TRY(validate_op_attrs(*op, attrs, n_attrs, values.v, kMaxAttrs));
   return invoke(id, *op, tensors, values, stream);
 }

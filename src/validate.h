@@ -100,6 +100,19 @@ lbopt_status validate_states_out(const lbopt_state_info* states, const size_t* n
 
 lbopt_status validate_num_threads(int n);
 
+// The operator registry's arguments (validate_registry.cpp). validate_op: op is one of the n_ops operators at ops
+// (id: its index). validate_op_attrs: attrs by name and type against op's schema; out[k] (out_size >= op.n_attrs):
+// schema attribute k's value, its default where attrs has none.
+lbopt_status validate_op(const lbopt_op_info* op, const lbopt_op_info* ops, size_t n_ops, size_t* id);
+lbopt_status validate_op_tensors(const lbopt_op_info& op, const DLTensor* const* tensors, size_t n_tensors);
+lbopt_status validate_op_attrs(const lbopt_op_info& op, const lbopt_attr* attrs, size_t n_attrs, lbopt_attr* out,
+                               size_t out_size);
+// The string attributes "kind" ("4bit", ...) and "moment" ("m", "v").
+lbopt_status validate_kind_name(const char* s, lbopt_state_kind* out);
+lbopt_status validate_moment_name(const char* s, lbopt_moment* out);
+// lbopt.state_layout's output: a compact, aligned int64 [4] CPU tensor; values: its first element.
+lbopt_status validate_layout_out(const DLTensor* out, int64_t** values);
+
 #if LBOPT_WITH_CUDA
 // The checks of a plan on a CUDA device that only the CUDA runtime can make (validate_cuda.cu): its pointers are
 // memory of that device, its stream belongs to it. The validate_* functions above run them last.
