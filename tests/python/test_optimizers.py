@@ -67,17 +67,23 @@ def ref_lion(p, g, st, lr, t, betas=(0.9, 0.99), weight_decay=0.0, maximize=Fals
     return p - lr * torch.sign(c)
 
 
+def ademamix_warmups(t, b1, b3, alpha, t_alpha, t_beta3):
+    """alpha and beta3 at step t after bitsandbytes' warm-ups (none where the length is None or 0)."""
+    if t_alpha:
+        alpha = min(t * alpha / t_alpha, alpha)
+    if t_beta3:
+        f = t / t_beta3
+        b3 = min(math.exp(math.log(b1) * math.log(b3) / ((1 - f) * math.log(b3) + f * math.log(b1))), b3)
+    return alpha, b3
+
+
 def ref_ademamix(p, g, st, lr, t, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
                  weight_decay=1e-2, maximize=False):
     P, M1, M2 = _mags(st, p, "m1", "m2")
     G = g.abs()
     g = -g if maximize else g
     b1, b2, b3 = betas
-    if t_alpha:
-        alpha = min(t * alpha / t_alpha, alpha)
-    if t_beta3:
-        f = t / t_beta3
-        b3 = min(math.exp(math.log(b1) * math.log(b3) / ((1 - f) * math.log(b3) + f * math.log(b1))), b3)
+    alpha, b3 = ademamix_warmups(t, b1, b3, alpha, t_alpha, t_beta3)
     st["m1"], st["m1_mag"] = b1 * st["m1"] + (1 - b1) * g, b1 * M1 + (1 - b1) * G
     st["m2"], st["m2_mag"] = b3 * st["m2"] + (1 - b3) * g, b3 * M2 + (1 - b3) * G
     st["nu"] = b2 * st["nu"] + (1 - b2) * g * g
@@ -173,11 +179,7 @@ def mirror_ademamix(p, g, st, lr, t, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_al
                     weight_decay=1e-2, maximize=False):
     g = -g if maximize else g
     b1, b2, b3 = betas
-    if t_alpha:
-        alpha = min(t * alpha / t_alpha, alpha)
-    if t_beta3:
-        f = t / t_beta3
-        b3 = min(math.exp(math.log(b1) * math.log(b3) / ((1 - f) * math.log(b3) + f * math.log(b1))), b3)
+    alpha, b3 = ademamix_warmups(t, b1, b3, alpha, t_alpha, t_beta3)
     m1 = st["m1"] = _fma(_c(1 - b1), g, _r(st["m1"] * _c(b1)))
     m2 = st["m2"] = _fma(_c(1 - b3), g, _r(st["m2"] * _c(b3)))
     nu = st["nu"] = _fma(_r(_c(1 - b2) * g), g, _r(st["nu"] * _c(b2)))
