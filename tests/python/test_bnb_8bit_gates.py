@@ -162,6 +162,9 @@ def lbopt_states(opt, p, names):
 
 def bnb_states(opt, p, layout):
     st = opt.state[p]
+    missing = {k for spec in layout.values() for k in spec[:3]} - set(st)
+    if missing:  # a peer's internals, not a contract: a release that renames them ends the comparison, not the suite
+        pytest.skip(f"bitsandbytes {bnb.__version__} keeps no {sorted(missing)} in its 8-bit state")
     out = {}
     for name, (codes, absmax, qmap, index) in layout.items():
         a, m = st[codes], st[absmax]
