@@ -195,7 +195,7 @@ constexpr bool all_fields_known() {
 }
 static_assert(all_fields_known(), "every attribute a family lists sets a config field of kFields");
 
-constexpr size_t kNumKinds = kNumStateKinds;
+constexpr size_t kNumKinds = kNumStateKinds;  // quant.h's count, as the size_t the op tables index by
 constexpr size_t kNumFamilies = sizeof kFamilies / sizeof kFamilies[0];
 constexpr size_t kOpsPerFamily = 2 * kNumKinds;  // by-value, then capturable, each for every kind
 constexpr size_t kOpCount = kNumFixedOps + kNumFamilies * kOpsPerFamily;

@@ -476,8 +476,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const void* const grad = slot.grad;
   // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
   // elements on of its streams (param, grad, the states of the fp32 kind; with bf16 params and grads, theirs
-  // every other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the step
-  // waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on
+  // every other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone
+  // leave the step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on
   // 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched
   // the codes, which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines
   // than the L1 has fill buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within

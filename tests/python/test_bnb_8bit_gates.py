@@ -32,6 +32,7 @@ import bitsandbytes.functional as bnb_functional  # noqa: E402 - only once bitsa
 
 import lbopt.functional as lbf  # noqa: E402
 import lbopt.torch as lbt  # noqa: E402
+from test_optimizers import ademamix_warmups  # noqa: E402 - the warm-ups of the double-precision reference
 
 STEPS = 50
 DIM1 = 1024
@@ -60,12 +61,8 @@ class AdEMAMixReference:
     @torch.no_grad()
     def step(self):
         self.t += 1
-        t, (b1, b2, b3), alpha = self.t, self.betas, self.alpha
-        if self.t_alpha:
-            alpha = min(t * alpha / self.t_alpha, alpha)
-        if self.t_beta3:
-            f = t / self.t_beta3
-            b3 = min(math.exp(math.log(b1) * math.log(b3) / ((1 - f) * math.log(b3) + f * math.log(b1))), b3)
+        t, (b1, b2, b3) = self.t, self.betas
+        alpha, b3 = ademamix_warmups(t, b1, b3, self.alpha, self.t_alpha, self.t_beta3)
         g, s = self.p.grad, self.state
         s["m1"].mul_(b1).add_(g, alpha=1 - b1)
         s["m2"].mul_(b3).add_(g, alpha=1 - b3)
