@@ -1,6 +1,6 @@
 // CPU step throughput against a memory copy of the same footprint, measured in the same run.
 // usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16]
-//                   [--optimizers adamw,sgd,lion,ademamix] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
+//                   [--optimizers adamw,sgd,lion,ademamix,amsgrad] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
 //                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
 //                   instruction set the CPU supports; optimizers default to all four, so that every default run
 //                   gives each one's ratio to AdamW; SGD runs with momentum 0.9)
@@ -171,7 +171,8 @@ struct Row {
   Roofline roof;
 };
 
-Row run(lbopt_optimizer optimizer, int kind, bool bf16, int64_t n, int reps, Team& team) {
+// amsgrad: AdamW with LBOPT_FLAG_AMSGRAD (a third state, vmax), the row named "amsgrad".
+Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, bool bf16, int64_t n, int reps, Team& team) {
   const DLDataType f32{kDLFloat, 32, 1}, b16{kDLBfloat, 16, 1};
   const DLDataType dt = bf16 ? b16 : f32;
   const size_t elem = bf16 ? 2 : 4;
@@ -182,6 +183,7 @@ Row run(lbopt_optimizer optimizer, int kind, bool bf16, int64_t n, int reps, Tea
   lbopt_optimizer_config_init(&cfg, sizeof cfg, optimizer);
   cfg.state_kind = lbopt_state_kind(kind);
   cfg.weight_decay = 0.01;
+  if (amsgrad) cfg.flags |= LBOPT_FLAG_AMSGRAD;
   lbopt_state_info infos[LBOPT_MAX_STATES];
   size_t n_states = 0;
   if (lbopt_optimizer_states(&cfg, infos, &n_states) != LBOPT_OK) {
@@ -215,7 +217,7 @@ Row run(lbopt_optimizer optimizer, int kind, bool bf16, int64_t n, int reps, Tea
   const double t = best_of(reps, one);
   const double bytes = double(n) * (3.0 * double(elem)) + double(n_states) * (2.0 * double(l.codes_bytes) +
                                                                                8.0 * double(sn));
-  Row r{lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)), bf16 ? "bf16" : "fp32", n,
+  Row r{amsgrad ? "amsgrad" : lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)), bf16 ? "bf16" : "fp32", n,
         lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
   r.roof = roofline(team, size_t(bytes), reps);
   return r;
@@ -275,8 +277,9 @@ int main(int argc, char** argv) {
         for (const std::string& pd : params) {
           double adamw_ns = 0;
           for (const std::string& o : optimizers) {
-            const Row r = run(lbopt_optimizer(find_name(optimizer_name, o)), find_name(kind_name, k), pd == "bf16",
-                              parse_size(size), reps, team);
+            const bool amsgrad = o == "amsgrad";
+            const Row r = run(lbopt_optimizer(find_name(optimizer_name, amsgrad ? "adamw" : o)), amsgrad,
+                              find_name(kind_name, k), pd == "bf16", parse_size(size), reps, team);
             if (r.optimizer == "adamw") adamw_ns = r.ns;
             char vs[16] = "";
             if (adamw_ns > 0) snprintf(vs, sizeof vs, "%.2fx", r.ns / adamw_ns);

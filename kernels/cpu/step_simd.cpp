@@ -504,10 +504,13 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // measured gains for all kinds (1.465 -> 1.382 in cache for 4-bit AdamW), but AVX2 code runs only on CPUs
   // without AVX-512. With the update in two passes (kTwoPass below), 8-bit AdamW too runs faster unpipelined
   // (2.713 -> 2.497 ns/elem in cache, 1.377 -> 1.306 at 64M with 2 threads; docs/benchmarks.md, tenth pass), so
-  // only the one-state 8-bit loops stay pipelined there. Other targets, unmeasured, encode each block right after
-  // its update.
+  // only the one-state 8-bit loops stay pipelined there. On AVX-512 (Intel, 32 registers) the loops with three
+  // 4-bit or 8-bit states and a two-pass update (AdEMAMix, AMSGrad) run faster unpipelined and in two passes
+  // (AdEMAMix 4-bit 0.788 -> 0.718 ns/elem in cache, AMSGrad 0.826 -> 0.743; 0.85-0.97x at 64M with 2 threads);
+  // FP8 and AdamW's two states lost or stayed level (docs/benchmarks.md, twelfth pass). Other targets, unmeasured,
+  // encode each block right after its update.
 #if HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2
-  constexpr bool kPipelined = kQuantized;
+  constexpr bool kPipelined = kQuantized && !(Opt::kTwoPass && S::states >= 3 && kKind != kStateFp8);
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   constexpr bool kPipelined = kKind == kState8Bit && S::states < 3 && !Opt::kTwoPass;
 #else
@@ -515,13 +518,13 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
 #endif
   // (rows padded by 64 bytes: no two rows 4 KiB apart, whose loads and stores the CPU would take as aliasing)
   HWY_ALIGN float buf[2][kMaxStates][kMaxBlock + 16];
-  // The update in two passes (Opt::kTwoPass, on AVX2 where each block is encoded after its update): the update
+  // The update in two passes (Opt::kTwoPass, on x86 where each block is encoded after its update): the update
   // loop runs update_states and keeps its result in tbuf, and the encode loop runs update_param vector by vector
   // beside the encode. AdamW's square root and divisions are one chain per vector, on a divider that also takes
   // the encode's divisions; split so, each loop has independent divisions to overlap (4-bit AdamW 1.196 -> 1.085
   // ns/elem in cache, 0.606 -> 0.561 at 64M with 2 threads; AdEMAMix 1.719 -> 1.586; docs/benchmarks.md, tenth
   // pass, which also gives the split points tried).
-#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   constexpr bool kTwoPass = Opt::kTwoPass && kQuantized && !kPipelined;
 #else
   constexpr bool kTwoPass = false;
