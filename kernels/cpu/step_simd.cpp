@@ -504,13 +504,14 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // measured gains for all kinds (1.465 -> 1.382 in cache for 4-bit AdamW), but AVX2 code runs only on CPUs
   // without AVX-512. With the update in two passes (kTwoPass below), 8-bit AdamW too runs faster unpipelined
   // (2.713 -> 2.497 ns/elem in cache, 1.377 -> 1.306 at 64M with 2 threads; docs/benchmarks.md, tenth pass), so
-  // only the one-state 8-bit loops stay pipelined there. On AVX-512 (Intel, 32 registers) the loops with three
-  // 4-bit or 8-bit states and a two-pass update (AdEMAMix, AMSGrad) run faster unpipelined and in two passes
-  // (AdEMAMix 4-bit 0.788 -> 0.718 ns/elem in cache, AMSGrad 0.826 -> 0.743; 0.85-0.97x at 64M with 2 threads);
-  // FP8 and AdamW's two states lost or stayed level (docs/benchmarks.md, twelfth pass). Other targets, unmeasured,
-  // encode each block right after its update.
+  // only the one-state 8-bit loops stay pipelined there. On AVX-512 (Intel) a two-pass update unpipelined wins
+  // with bf16 params (4-bit AdamW 0.821 -> 0.718 ns/elem in cache, 0.421 -> 0.374 at 64M with 2 threads) and with
+  // three 4-bit or 8-bit states (AdEMAMix 4-bit 0.788 -> 0.718, AMSGrad 0.826 -> 0.743), but not for fp32
+  // params with two states or FP8 ones (8-bit AdamW 0.599 -> 0.683 at 64M; docs/benchmarks.md, twelfth pass).
+  // Other targets, unmeasured, encode each block right after its update.
 #if HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2
-  constexpr bool kPipelined = kQuantized && !(Opt::kTwoPass && S::states >= 3 && kKind != kStateFp8);
+  constexpr bool kPipelined =
+      kQuantized && !(Opt::kTwoPass && (S::dtype == kBfloat16 || (S::states >= 3 && kKind != kStateFp8)));
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   constexpr bool kPipelined = kKind == kState8Bit && S::states < 3 && !Opt::kTwoPass;
 #else
