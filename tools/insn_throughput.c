@@ -2,14 +2,17 @@
  * cycles on Intel's AVX2, 10 and 12 on AVX-512, 3.5 and 5 on Zen 3; one blend or permute a cycle): each
  * instruction in independent copies, so that only its port or unit limits it; two groups show what shares the
  * divider (on Zen 3 the square root does, 8.5 cycles a pair; permutes do not). Then the 8-bit decode's two ways of
- * reading a 256-entry float table for eight code bytes: one gather, or eight scalar loads joined by shuffles.
- * x86-64 with AVX2; the zmm rows run where the CPU has AVX-512. No PMU needed.
+ * reading a 256-entry float table for eight code bytes: one gather, or eight scalar loads joined by shuffles; and
+ * where the CPU has AVX-512 VBMI, the same for 64 codes: four 16-lane gathers, or the table's four byte planes read
+ * by byte permutes and interleaved into floats (no gather). x86-64 with AVX2; the zmm rows run where the CPU has
+ * AVX-512. No PMU needed.
  *
  *     gcc -O2 -o /tmp/insn_throughput tools/insn_throughput.c && taskset -c 1 /tmp/insn_throughput
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -62,6 +65,49 @@ __attribute__((target("avx2"), noinline)) static float by_loads(long rounds) {
   return _mm256_cvtss_f32(sum);
 }
 
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline))
+static uint8_t planes[4][256] __attribute__((aligned(64)));  /* byte p of every table entry */
+
+/* table[code] for 64 codes a round, by four 16-lane gathers; four sums, so that no add chain limits it. */
+VBMI static float by_gather512(long rounds) {
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (long k = 0; k < rounds; ++k)
+    for (int j = 0; j < 4; ++j) {
+      const __m128i bytes = _mm_loadu_si128((const __m128i*)(codes + ((k * 64 + j * 16) & 0xfff0)));
+      sum[j] = _mm512_add_ps(sum[j], _mm512_i32gather_ps(_mm512_cvtepu8_epi32(bytes), table, 4));
+    }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3])));
+}
+
+/* The same by byte planes: per plane two 128-entry byte permutes and a blend on the code's top bit, then two
+ * rounds of unpacks build the floats. Unpacks work within 128-bit lanes, so the codes are permuted first to
+ * leave element 16 j + i in lane i of sum[j]. */
+VBMI static float by_planes(long rounds) {
+  uint8_t order[64];
+  for (int lane = 0; lane < 4; ++lane)
+    for (int j = 0; j < 4; ++j)
+      for (int q = 0; q < 4; ++q) order[16 * lane + 4 * j + q] = (uint8_t)(16 * j + 4 * lane + q);
+  const __m512i perm = _mm512_loadu_si512(order);
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (long k = 0; k < rounds; ++k) {
+    const __m512i idx = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(codes + ((k * 64) & 0xffc0)));
+    const __mmask64 high = _mm512_movepi8_mask(idx);
+    __m512i b[4];
+    for (int p = 0; p < 4; ++p) {
+      const __m512i* t = (const __m512i*)planes[p];
+      b[p] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(t[0], idx, t[1]),
+                                    _mm512_permutex2var_epi8(t[2], idx, t[3]));
+    }
+    const __m512i lo = _mm512_unpacklo_epi8(b[0], b[1]), hi = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i lo2 = _mm512_unpacklo_epi8(b[2], b[3]), hi2 = _mm512_unpackhi_epi8(b[2], b[3]);
+    sum[0] = _mm512_add_ps(sum[0], _mm512_castsi512_ps(_mm512_unpacklo_epi16(lo, lo2)));
+    sum[1] = _mm512_add_ps(sum[1], _mm512_castsi512_ps(_mm512_unpackhi_epi16(lo, lo2)));
+    sum[2] = _mm512_add_ps(sum[2], _mm512_castsi512_ps(_mm512_unpacklo_epi16(hi, hi2)));
+    sum[3] = _mm512_add_ps(sum[3], _mm512_castsi512_ps(_mm512_unpackhi_epi16(hi, hi2)));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3])));
+}
+
 int main(void) {
   static const float operands[2] = {1.7f, 3.1f};  /* normal values: no special case in the divider */
   /* a dependent chain of imul (latency 3 cycles on every recent x86) gives the clock */
@@ -95,5 +141,19 @@ int main(void) {
   t = now();
   sum = by_loads(rounds);
   printf("8 of 256 floats by 8 loads    %5.2f cycles (sum %g)\n", (now() - t) * ghz * 1e9 / rounds, sum);
+  if (__builtin_cpu_supports("avx512vbmi")) {
+    for (int i = 0; i < 256; ++i) {
+      uint32_t u;
+      memcpy(&u, &table[i], 4);
+      for (int p = 0; p < 4; ++p) planes[p][i] = (uint8_t)(u >> (8 * p));
+    }
+    const long r64 = kRounds;
+    t = now();
+    sum = by_gather512(r64);
+    printf("64 of 256 floats, 4 gathers   %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
+    t = now();
+    sum = by_planes(r64);
+    printf("64 of 256 floats, byte planes %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
+  }
   return 0;
 }
