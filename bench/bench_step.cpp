@@ -3,7 +3,8 @@
 //                   [--optimizers adamw,sgd,lion,ademamix,amsgrad] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
 //                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
 //                   instruction set the CPU supports; optimizers default to all four, so that every default run
-//                   gives each one's ratio to AdamW; SGD runs with momentum 0.9)
+//                   gives each one's ratio to AdamW; SGD runs with momentum 0.9; amsgrad is AdamW with
+//                   LBOPT_FLAG_AMSGRAD, a third state)
 // Per optimizer, state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s
 // (the bytes of ALGORITHMS.md section 8: param read+write, grad read, every state read+written, scales), the
 // ratio to the roofline's GB/s (see roofline()), measured with the same footprint and threads, and the ratio of
@@ -217,8 +218,8 @@ Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, bool bf16, int64_t n,
   const double t = best_of(reps, one);
   const double bytes = double(n) * (3.0 * double(elem)) + double(n_states) * (2.0 * double(l.codes_bytes) +
                                                                                8.0 * double(sn));
-  Row r{amsgrad ? "amsgrad" : lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)), bf16 ? "bf16" : "fp32", n,
-        lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
+  Row r{amsgrad ? "amsgrad" : lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)),
+        bf16 ? "bf16" : "fp32", n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
   r.roof = roofline(team, size_t(bytes), reps);
   return r;
 }
