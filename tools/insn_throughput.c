@@ -3,8 +3,8 @@
  * instruction in independent copies, so that only its port or unit limits it; two groups show what shares the
  * divider (on Zen 3 the square root does, 8.5 cycles a pair; permutes do not). Then the 8-bit decode's two ways of
  * reading a 256-entry float table for eight code bytes: one gather, or eight scalar loads joined by shuffles; and
- * where the CPU has AVX-512 VBMI, the same for 64 codes: four 16-lane gathers, or the table's four byte planes read
- * by byte permutes and interleaved into floats (no gather). x86-64 with AVX2; the zmm rows run where the CPU has
+ * where the CPU has AVX-512 VBMI, the same for 64 codes: four 16-lane gathers, 64 scalar loads, or the table's four
+ * byte planes read by byte permutes and interleaved into floats (no gather). x86-64 with AVX2; the zmm rows run where the CPU has
  * AVX-512. No PMU needed.
  *
  *     gcc -O2 -o /tmp/insn_throughput tools/insn_throughput.c && taskset -c 1 /tmp/insn_throughput
@@ -75,6 +75,25 @@ VBMI static float by_gather512(long rounds) {
     for (int j = 0; j < 4; ++j) {
       const __m128i bytes = _mm_loadu_si128((const __m128i*)(codes + ((k * 64 + j * 16) & 0xfff0)));
       sum[j] = _mm512_add_ps(sum[j], _mm512_i32gather_ps(_mm512_cvtepu8_epi32(bytes), table, 4));
+    }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3])));
+}
+
+/* The same by sixteen scalar loads a vector, joined by shuffles, as the AVX2 decode does with eight. */
+VBMI static float by_loads512(long rounds) {
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (long k = 0; k < rounds; ++k)
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* c = codes + ((k * 64 + j * 16) & 0xfff0);
+      __m128 q[4];
+      for (int i = 0; i < 4; ++i, c += 4)
+        q[i] = _mm_movelh_ps(_mm_unpacklo_ps(_mm_load_ss(table + c[0]), _mm_load_ss(table + c[1])),
+                             _mm_unpacklo_ps(_mm_load_ss(table + c[2]), _mm_load_ss(table + c[3])));
+      const __m256 lo = _mm256_insertf128_ps(_mm256_castps128_ps256(q[0]), q[1], 1);
+      const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(q[2]), q[3], 1);
+      const __m512 v = _mm512_castpd_ps(
+          _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+      sum[j] = _mm512_add_ps(sum[j], v);
     }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3])));
 }
@@ -151,6 +170,9 @@ int main(void) {
     t = now();
     sum = by_gather512(r64);
     printf("64 of 256 floats, 4 gathers   %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
+    t = now();
+    sum = by_loads512(r64);
+    printf("64 of 256 floats, 64 loads    %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
     t = now();
     sum = by_planes(r64);
     printf("64 of 256 floats, byte planes %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);

@@ -92,7 +92,8 @@ HWY_INLINE VU nibble_shifts() {
 // (tools/insn_throughput.c), and 8-bit AdamW 3.07 -> 2.74 ns/elem in cache, 1.82 -> 1.40 at 64M with 2 threads
 // (docs/benchmarks.md, eighth pass). The 8-bit encode's bucket-table gather, whose indices are a vector result,
 // gained nothing that way (through memory) or lost 4-12% (through general registers). Other targets keep the
-// gather: an AVX-512 host was not at hand to measure it.
+// gather: on Intel's AVX-512 sixteen scalar loads take 15.4 cycles a vector against a gather's 10.4-10.6
+// (docs/benchmarks.md, twelfth pass).
 HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   const auto pair = [&](int j) HWY_ATTR {
