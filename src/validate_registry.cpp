@@ -57,7 +57,8 @@ lbopt_status validate_op_attrs(const lbopt_op_info& op, const lbopt_attr* attrs,
     if (a.type != op.attrs[k].type)
       return fail(LBOPT_ERR_DTYPE, "attrs[%zu] '%s': type %s, %s takes %s", i, a.name, type_name(a.type), op.name,
                   type_name(op.attrs[k].type));
-    if (a.type == LBOPT_ATTR_STRING && !a.s) return fail(LBOPT_ERR_NULL_POINTER, "attrs[%zu] '%s': NULL string", i, a.name);
+    if (a.type == LBOPT_ATTR_STRING && !a.s)
+      return fail(LBOPT_ERR_NULL_POINTER, "attrs[%zu] '%s': NULL string", i, a.name);
     if (a.type == LBOPT_ATTR_BOOL && a.i != 0 && a.i != 1)
       return fail(LBOPT_ERR_INVALID_VALUE, "attrs[%zu] '%s': bool %lld is not 0 or 1", i, a.name, (long long)a.i);
     seen[k] = true;

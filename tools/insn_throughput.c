@@ -4,8 +4,8 @@
  * divider (on Zen 3 the square root does, 8.5 cycles a pair; permutes do not). Then the 8-bit decode's two ways of
  * reading a 256-entry float table for eight code bytes: one gather, or eight scalar loads joined by shuffles; and
  * where the CPU has AVX-512 VBMI, the same for 64 codes: four 16-lane gathers, 64 scalar loads, or the table's four
- * byte planes read by byte permutes and interleaved into floats (no gather). x86-64 with AVX2; the zmm rows run where the CPU has
- * AVX-512. No PMU needed.
+ * byte planes read by byte permutes and interleaved into floats (no gather). x86-64 with AVX2; the zmm rows run
+ * where the CPU has AVX-512. No PMU needed.
  *
  *     gcc -O2 -o /tmp/insn_throughput tools/insn_throughput.c && taskset -c 1 /tmp/insn_throughput
  */
@@ -166,16 +166,16 @@ int main(void) {
       memcpy(&u, &table[i], 4);
       for (int p = 0; p < 4; ++p) planes[p][i] = (uint8_t)(u >> (8 * p));
     }
-    const long r64 = kRounds;
-    t = now();
-    sum = by_gather512(r64);
-    printf("64 of 256 floats, 4 gathers   %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
-    t = now();
-    sum = by_loads512(r64);
-    printf("64 of 256 floats, 64 loads    %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
-    t = now();
-    sum = by_planes(r64);
-    printf("64 of 256 floats, byte planes %5.2f cycles / 16 (sum %g)\n", (now() - t) * ghz * 1e9 / (r64 * 4.0), sum);
+    static const struct {
+      const char* name;
+      float (*run)(long);
+    } ways[] = {{"4 gathers  ", by_gather512}, {"64 loads   ", by_loads512}, {"byte planes", by_planes}};
+    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; ++w) {
+      t = now();
+      sum = ways[w].run(kRounds);
+      printf("64 of 256 floats, %s %5.2f cycles / 16 (sum %g)\n", ways[w].name,
+             (now() - t) * ghz * 1e9 / (kRounds * 4.0), sum);
+    }
   }
   return 0;
 }

@@ -92,8 +92,8 @@ HWY_INLINE VU nibble_shifts() {
 // (tools/insn_throughput.c), and 8-bit AdamW 3.07 -> 2.74 ns/elem in cache, 1.82 -> 1.40 at 64M with 2 threads
 // (docs/benchmarks.md, eighth pass). The 8-bit encode's bucket-table gather, whose indices are a vector result,
 // gained nothing that way (through memory) or lost 4-12% (through general registers). Other targets keep the
-// gather: on Intel's AVX-512 sixteen scalar loads take 15.4 cycles a vector against a gather's 10.4-10.6
-// (docs/benchmarks.md, twelfth pass).
+// gather: on Intel's AVX-512 sixteen scalar loads take 1.3-1.5x a gather's time (docs/benchmarks.md, twelfth
+// pass).
 HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   const auto pair = [&](int j) HWY_ATTR {
@@ -478,9 +478,9 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
   // elements on of its streams (param, grad, the states of the fp32 kind; with bf16 params and grads, theirs
   // every other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone
-  // leave the step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on
-  // 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched
-  // the codes, which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines
+  // leave the step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 ->
+  // 0.436 at 64M on 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that
+  // also prefetched the codes, which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines
   // than the L1 has fill buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within
   // 2%); the general loops, whose sizes are read at run time, ran bf16 params 5-6% slower with it (docs/
   // benchmarks.md, fifth pass). No loop here holds only prefetches: GCC deletes such a loop (C++ lets it assume

@@ -85,6 +85,12 @@ def _case(lbopt, bnb8, ref, ref_states, bnb_layout, groups):
     return dict(lbopt=lbopt, bnb=bnb8, ref=ref, ref_states=ref_states, bnb_layout=bnb_layout, groups=groups)
 
 
+def _ademamix_case(kw):
+    """AdEMAMix with the hyper-parameters kw (with or without bitsandbytes' warm-ups)."""
+    return _case(lambda p: lbt.AdEMAMix8bit([p], **kw), lambda p: bnb.optim.AdEMAMix8bit([p], **kw),
+                 lambda p: AdEMAMixReference(p, **kw), lambda opt, p: opt.state, M1_M2_NU, [["m1", "m2"], ["nu"]])
+
+
 # Per optimizer: lbopt's and bitsandbytes' 8-bit optimizers and the fp32 reference (each built on one param), the
 # reference's states by lbopt's state names, where bitsandbytes keeps each of them (codes, absmax, qmap, index in
 # a stacked state), and the states whose misses count together. The hyper-parameters are those of bitsandbytes'
@@ -106,20 +112,8 @@ CASES = {
         lambda opt, p: {"exp_avg": opt.state[p]["state1"]},
         {"exp_avg": STATE1},
         [["exp_avg"]]),
-    "ademamix": _case(
-        lambda p: lbt.AdEMAMix8bit([p], **ADEMAMIX),
-        lambda p: bnb.optim.AdEMAMix8bit([p], **ADEMAMIX),
-        lambda p: AdEMAMixReference(p, **ADEMAMIX),
-        lambda opt, p: opt.state,
-        M1_M2_NU,
-        [["m1", "m2"], ["nu"]]),
-    "ademamix_scheduled": _case(
-        lambda p: lbt.AdEMAMix8bit([p], **ADEMAMIX_WARM),
-        lambda p: bnb.optim.AdEMAMix8bit([p], **ADEMAMIX_WARM),
-        lambda p: AdEMAMixReference(p, **ADEMAMIX_WARM),
-        lambda opt, p: opt.state,
-        M1_M2_NU,
-        [["m1", "m2"], ["nu"]]),
+    "ademamix": _ademamix_case(ADEMAMIX),
+    "ademamix_scheduled": _ademamix_case(ADEMAMIX_WARM),
     "adam": _case(
         lambda p: lbt.Adam8bit([p], **ADAM, weight_decay=0.0),
         lambda p: bnb.optim.Adam8bit([p], **ADAM, weight_decay=0.0),
