@@ -19,7 +19,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // codebook_encode(t.mids, 256, y) per lane, as int32 codes 0..255, for finite y (kEncode8Signed or
-// kEncode8Unsigned). Any vector width; y is the value already divided by the block scale.
+// kEncode8Unsigned). Any vector width; y is the value already scaled (StateCodec::encode_input).
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode8Arith(DF, hn::Vec<DF> y, const Encode8Tables& t) {
   using namespace encode8_detail;

@@ -188,6 +188,7 @@ class BlockEncoder {
     codes_ = static_cast<uint8_t*>(st.codes) + state_byte(kKind, start);
     x_ = x;
     scale_ = sc.c.scale_for(absmax);
+    inverse_ = 1.0f / scale_;
     st.scales[b] = scale_;
 #if LBOPT_ENCODE4_IN_X
     if (kKind == kState4Bit)
@@ -208,7 +209,10 @@ class BlockEncoder {
 #else
     constexpr bool kInX = false;
 #endif
-    const auto yi = kInX ? xi : hn::Div(xi, hn::Set(df, scale_));
+    // StateCodec::encode_input
+    const auto yi = kInX                    ? xi
+                    : kKind == kState8Bit ? hn::Mul(xi, hn::Set(df, inverse_))
+                                          : hn::Div(xi, hn::Set(df, scale_));
     VI c;
     if (kKind == kStateFp8) {
       c = hn::BitCast(di, fp8_encode(yi));
@@ -278,6 +282,7 @@ class BlockEncoder {
   uint8_t* codes_ = nullptr;  // the block's first code byte
   const float* x_ = nullptr;
   float scale_ = 0.0f;
+  float inverse_ = 0.0f;  // 8-bit: 1 / scale_
 #if LBOPT_ENCODE4_IN_X
   Thresholds4 thresholds_;
 #endif

@@ -166,9 +166,10 @@ uint64_t quantize_cases() {
   return d;
 }
 
-// 4-bit quantize with block scales of every magnitude, inputs at and around x = mid * scale for every midpoint
-// (where an encode without the division, on thresholds in x, must still agree with RN(x / scale)) and every
-// edge of the signed map's candidate buckets; digest of the codes.
+// 4-bit and 8-bit quantize with block scales of every magnitude, inputs at and around x = mid * scale for every
+// midpoint (where an encode without the division, on thresholds in x, must still agree with RN(x / scale), and
+// 8-bit's x * RN(1 / scale) moves codes) and every edge of the signed 4-bit map's candidate buckets; digest of the
+// codes.
 uint64_t scaled_quantize_cases() {
   std::mt19937_64 rng(4);
   std::vector<float> scales = {1e-13f, 1e-12f, 1.7e-10f, 3e-5f, 0.37f, 1.0f, 1.5f, 1000.1f, 3e20f, 1e38f, 3.4028235e38f};
@@ -176,11 +177,13 @@ uint64_t scaled_quantize_cases() {
   std::uniform_real_distribution<double> log_scale(-27.6, 88.0);
   for (int i = 0; i < 300; ++i) scales.push_back(float(std::exp(log_scale(rng))));
   uint64_t d = 0;
+  for (lbopt_state_kind kind : {LBOPT_STATE_4BIT, LBOPT_STATE_8BIT})
   for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
-    std::vector<float> probes = map_mids(LBOPT_STATE_4BIT, mo);
+    const int64_t block = kind == LBOPT_STATE_4BIT ? 128 : 256;
+    std::vector<float> probes = map_mids(kind, mo);
     // The signed map's AVX-512 encode takes a candidate from the bucket of |y| (1 - 2^-8 - 2^-20) + 2^-8 (the
     // float's exponent and 2 mantissa bits): its bucket edges too.
-    if (mo == LBOPT_MOMENT_FIRST)
+    if (kind == LBOPT_STATE_4BIT && mo == LBOPT_MOMENT_FIRST)
       for (int e = -8; e < 0; ++e)
         for (int q = 0; q <= 4; ++q) {
           const double y = (std::ldexp(1.0 + q / 4.0, e) - 0x1p-8) / (1.0 - 0x1p-8 - 0x1p-20);
@@ -196,11 +199,11 @@ uint64_t scaled_quantize_cases() {
         for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
         for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY)) xs.push_back(x);
       }
-      // blocks of 128: the anchor sets absmax (and so the scale), the rest lie within it
+      // blocks: the anchor sets absmax (and so the scale), the rest lie within it
       size_t next = 0;
       while (next < xs.size()) {
         in.push_back(anchor);
-        for (int64_t j = 1; j < 128; ++j) {
+        for (int64_t j = 1; j < block; ++j) {
           float x = 0.0f;
           while (next < xs.size()) {
             x = xs[next++];
@@ -214,8 +217,8 @@ uint64_t scaled_quantize_cases() {
     const int64_t n = int64_t(in.size());
     Buffer src(f32(), {n});
     memcpy(src.t.data, in.data(), in.size() * sizeof(float));
-    State st(LBOPT_STATE_4BIT, n);
-    REQUIRE(lbopt_quantize(LBOPT_STATE_4BIT, mo, &src.t, st.view(), nullptr) == LBOPT_OK);
+    State st(kind, n);
+    REQUIRE(lbopt_quantize(kind, mo, &src.t, st.view(), nullptr) == LBOPT_OK);
     d = d * 31 + (hash(*st.codes) ^ 3 * hash(*st.scales));
   }
   return d;

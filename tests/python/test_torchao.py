@@ -16,8 +16,9 @@ the same two shapes, a (128, 128) weight (16384 elements: quantized by both, >= 
 
 Measured with torch 2.15 / torchao 0.18 on CPU (2 threads):
 
-* codebooks: identical bit for bit; encoding identical except at exact decision midpoints (one code, near-tie)
-  and the zero guard; FP8 encoding identical to torch's float8_e4m3fn cast.
+* codebooks: identical bit for bit; encoding identical except at exact decision midpoints (one code, near-tie),
+  the zero guard and, for 8-bit, whose encode multiplies by the reciprocal of the scale, quotients within an ulp
+  of a midpoint; FP8 encoding identical to torch's float8_e4m3fn cast.
 * two steps on well-conditioned gradients: every code identical, scales within 2e-7 relative, params within 3e-8.
   On Gaussian gradients the zero guard fires for 0.09% (8-bit) and 0.35% (FP8) of the first step's v codes;
   those elements' step-2 updates differ (by up to 1.5e-6 for 8-bit, 4.4e-4 for FP8; always smaller in lbopt),
@@ -67,14 +68,15 @@ SCALE_RTOL = 1e-6
 # _train (MLP 128-128-128, tanh, MSE on a fixed batch), measured with torch 2.15 / torchao 0.18 on CPU (the same
 # with 1, 2 and 4 threads):
 #   4bit: constant lr 1.60e-4, cosine lr 6.8e-6   (loss 0.719 -> 0.150 constant lr, 0.719 -> 0.300 cosine)
-#   8bit: constant lr 1.09e-4, cosine lr 2.7e-5   (0.719 -> 0.053, 0.186)
+#   8bit: constant lr 2.98e-4, cosine lr 1.6e-5   (0.719 -> 0.053, 0.186); 2.08e-4 and 1.6e-5 before 8-bit encoded
+#         x * RN(1 / scale) in place of torchao's x / scale (session 17), which moved 2 codes in 4M random values
 #   fp8:  constant lr 3.06e-4, cosine lr 1.06e-4  (0.719 -> 0.050, 0.179)
 # The curves start bit-identical and drift apart as float-rounding (and, for 8-bit/FP8, zero-guard) differences
 # flip a code now and then. The tolerance is 2x the constant-lr value; the cosine-lr runs must meet the same one.
 # For scale: the constant- and cosine-lr curves of one optimizer end 2-3.5x apart, and other data/init seeds
 # of a similar MLP gave 0.7e-4 .. 1.2e-3 for constant-lr runs (chaotic amplification): a changed seed needs a
 # re-measure.
-LOSS_TOL = {"4bit": 3.2e-4, "8bit": 2.2e-4, "fp8": 6.1e-4}
+LOSS_TOL = {"4bit": 3.2e-4, "8bit": 6.0e-4, "fp8": 6.1e-4}
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------
