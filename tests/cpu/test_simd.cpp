@@ -1,5 +1,6 @@
 // The SIMD kernels give bit-identical params, codes and scales to the portable kernels, on every instruction set
-// this machine supports (each forced in turn through Highway's test hook), for every kind, dtype and flag.
+// this machine supports (each forced in turn through Highway's test hook), for every kind, dtype and flag; and
+// both encode the quotient docs/abi.md gives for each kind.
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -110,18 +111,19 @@ uint64_t scrambled_cases() {
 }
 
 // The midpoints between neighbouring values of a map (k < 3), from the library's own decode at scale 1.
-std::vector<float> map_mids(lbopt_state_kind kind, lbopt_moment mo) {
-  const int64_t bs = kind == LBOPT_STATE_4BIT ? 128 : 256;
+// Every code's value at scale 1, by code.
+std::vector<float> code_values(lbopt_state_kind kind, lbopt_moment mo) {
+  const int64_t bs = kind == LBOPT_STATE_4BIT ? 128 : 256, codes = kind == LBOPT_STATE_4BIT ? 16 : 256;
   Buffer all(f32(), {bs});
   State table(kind, bs);
-  // element e gets code e % 16 (4-bit: element 2 j is the high nibble of byte j) or e
-  uint8_t* codes = static_cast<uint8_t*>(table.codes->t.data);
-  for (int64_t i = 0; i < (kind == LBOPT_STATE_4BIT ? bs / 2 : bs); ++i)
-    codes[i] = uint8_t(kind == LBOPT_STATE_4BIT ? ((2 * i) % 16) << 4 | ((2 * i + 1) % 16) : i);
-  static_cast<float*>(table.scales->t.data)[0] = 1.0f;
+  for (int64_t c = 0; c < codes; ++c) set_code(kind, *table.codes, c, int(c));
+  table.scales->as<float>()[0] = 1.0f;
   REQUIRE(lbopt_dequantize(kind, mo, table.view(), &all.t, nullptr) == LBOPT_OK);
-  std::vector<float> vals(static_cast<float*>(all.t.data),
-                          static_cast<float*>(all.t.data) + (kind == LBOPT_STATE_4BIT ? 16 : 256));
+  return std::vector<float>(all.as<float>(), all.as<float>() + codes);
+}
+
+std::vector<float> map_mids(lbopt_state_kind kind, lbopt_moment mo) {
+  std::vector<float> vals = code_values(kind, mo);
   std::sort(vals.begin(), vals.end());
   std::vector<float> mids;
   for (size_t i = 0; i + 1 < vals.size(); ++i) mids.push_back(0.5f * (vals[i] + vals[i + 1]));
@@ -224,6 +226,73 @@ uint64_t scaled_quantize_cases() {
   return d;
 }
 
+// Codes of xs, each quantized in a block of its own whose absmax is anchor (element 0); the block scales too.
+std::vector<int> codes_of(lbopt_state_kind kind, lbopt_moment mo, const std::vector<float>& xs, float anchor,
+                          float* scale = nullptr) {
+  const int64_t bs = kind == LBOPT_STATE_4BIT ? 128 : 256, n = bs * int64_t(xs.size());
+  Buffer src(f32(), {n});
+  float* in = src.as<float>();
+  std::fill(in, in + n, 0.0f);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    in[int64_t(i) * bs] = anchor;
+    in[int64_t(i) * bs + 1] = xs[i];
+  }
+  State st(kind, n);
+  REQUIRE(lbopt_quantize(kind, mo, &src.t, st.view(), nullptr) == LBOPT_OK);
+  if (scale) *scale = st.scales->as<float>()[0];
+  std::vector<int> out;
+  for (size_t i = 0; i < xs.size(); ++i) out.push_back(get_code(kind, *st.codes, int64_t(i) * bs + 1));
+  return out;
+}
+
+// How many of the encodes that tell docs/abi.md's two roundings apart (x / s for 4-bit and FP8, x * RN(1 / s) for
+// 8-bit) came out as the kind's own rounding; the count of those cases in *cases.
+int documented_roundings(lbopt_state_kind kind, lbopt_moment mo, int* cases) {
+  // The codes below top ascend in value (FP8: the positive ones below NaN).
+  const int top = kind == LBOPT_STATE_4BIT ? 16 : kind == LBOPT_STATE_FP8 ? 127 : 256;
+  const float unit = kind == LBOPT_STATE_FP8 ? 448.0f : 1.0f;  // the absmax of block scale 1
+  const std::vector<float> values = code_values(kind, mo);
+  // T[k]: the least float whose code is above k at scale 1, where both roundings are exact: found among the
+  // floats around the midpoint of values k and k + 1 (skipped next to a zero value: the zero guard lifts codes)
+  std::vector<int> ks;
+  std::vector<float> thresholds;
+  for (int k = 0; k + 1 < top; ++k) {
+    if (values[size_t(k)] == 0.0f || values[size_t(k) + 1] == 0.0f) continue;
+    std::vector<float> around;
+    float y = 0.5f * (values[size_t(k)] + values[size_t(k) + 1]);
+    for (int u = 0; u < 4; ++u) y = nextafterf(y, -INFINITY);
+    for (int u = 0; u < 9; ++u, y = nextafterf(y, INFINITY)) around.push_back(y);
+    const std::vector<int> codes = codes_of(kind, mo, around, unit);
+    REQUIRE(codes.front() == k);
+    REQUIRE(codes.back() == k + 1);
+    ks.push_back(k);
+    thresholds.push_back(around[size_t(std::find(codes.begin(), codes.end(), k + 1) - codes.begin())]);
+  }
+  int matched = 0;
+  *cases = 0;
+  for (float anchor : {3.0f, 0.7f, 1.37e-3f, 5.1f, 2.9e7f, 6.1e-9f, 123.456f}) {
+    std::vector<float> xs;
+    std::vector<int> want;
+    const float s = kind == LBOPT_STATE_FP8 ? anchor / 448.0f : anchor;  // docs/abi.md's block scale
+    for (size_t j = 0; j < ks.size(); ++j) {
+      float x = thresholds[j] * s;
+      for (int u = 0; u < 3; ++u) x = nextafterf(x, -INFINITY);
+      for (int u = 0; u < 7; ++u, x = nextafterf(x, INFINITY)) {
+        const bool up_div = x / s >= thresholds[j], up_mul = x * (1.0f / s) >= thresholds[j];
+        if (up_div == up_mul || std::fabs(x) > anchor) continue;
+        xs.push_back(x);
+        want.push_back(ks[j] + ((kind == LBOPT_STATE_8BIT ? up_mul : up_div) ? 1 : 0));
+      }
+    }
+    float scale = 0.0f;
+    const std::vector<int> got = codes_of(kind, mo, xs, anchor, &scale);
+    if (!xs.empty()) CHECK(scale == s);
+    for (size_t i = 0; i < xs.size(); ++i) matched += got[i] == want[i];
+    *cases += int(xs.size());
+  }
+  return matched;
+}
+
 }  // namespace
 
 TEST_SUITE("simd") {
@@ -242,5 +311,22 @@ TEST_SUITE("simd") {
       CHECK(simd.quantize == portable.quantize);
       CHECK(simd.scaled == portable.scaled);
     });
+  }
+
+  TEST_CASE("each kind encodes its documented quotient: x / s for 4-bit and FP8, x * RN(1 / s) for 8-bit") {
+    const auto check = [] {
+      for (lbopt_state_kind kind : {LBOPT_STATE_4BIT, LBOPT_STATE_8BIT, LBOPT_STATE_FP8})
+        for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
+          CAPTURE(kind);
+          CAPTURE(mo);
+          int cases = 0;
+          const int matched = documented_roundings(kind, mo, &cases);
+          CHECK(cases >= 10);  // inputs whose two roundings give different codes were found
+          CHECK(matched == cases);
+        }
+      return 0;
+    };
+    with_portable_kernels(check);
+    for_each_simd_target([&](const std::string&) { check(); });
   }
 }
