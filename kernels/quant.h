@@ -92,7 +92,8 @@ struct StateCodec {
 
   // The value encode maps to a code: x / scale, and for 8-bit x * RN(1 / scale), the reciprocal once per block
   // (as bitsandbytes' blockwise quantizer does). The division cost the 8-bit step on AVX-512 10-12% (GPT-2 small
-  // 75 -> 67 ms); the two differ by at most an ulp, which moves a code only for a y within an ulp of a midpoint.
+  // 75 -> 67 ms); the two differ by at most an ulp, which moves a code only for a y within an ulp of a midpoint
+  // (for scales below 2^126: above, the reciprocal is subnormal and keeps fewer bits, a few ulps).
   // 4-bit (whose AVX-512 encode has no division: thresholds in x, codebook4-inl.h) and FP8 (5% faster with the
   // product on fp32 params) keep torchao's division: under issue 17's 10% bar (docs/benchmarks.md, 13th pass).
   LBOPT_HD float encode_input(float x, float scale) const {
