@@ -84,24 +84,32 @@ struct StateCodec {
   uint32_t entries;     // 16 or 256
   bool guard_zero;      // second moment on a map whose code 0 is 0: a positive value must not decode to 0
 
-  // The block scale stored for a block whose finite absmax is absmax.
-  LBOPT_HD float scale_for(float absmax) const {
+  // A block's scale as the encode takes it: scale is what the block stores; 8-bit encodes x * RN(1 / scale)
+  // (as bitsandbytes' blockwise quantizer does), the reciprocal computed here once per block, and 4-bit and FP8
+  // x / scale (torchao's rounding). The division cost the 8-bit step on AVX-512 10-12% (GPT-2 small 75 -> 67 ms);
+  // the two differ by at most an ulp, which moves a code only for a y within an ulp of a midpoint (for scales below
+  // 2^126: above, the reciprocal is subnormal and keeps fewer bits, a few ulps). 4-bit (whose AVX-512 encode has no
+  // division: thresholds in x, codebook4-inl.h) and FP8 (5% faster with the product on fp32 params) stay under
+  // issue 17's 10% bar (docs/benchmarks.md, thirteenth pass).
+  struct BlockScale {
+    float scale;
+    float inverse;  // 8-bit only
+  };
+
+  // The scale of a block whose finite absmax is absmax.
+  LBOPT_HD BlockScale block_scale(float absmax) const {
     const float s = absmax > 1e-12f ? absmax : 1e-12f;
-    return kind == kStateFp8 ? s / 448.0f : s;
+    if (kind == kStateFp8) return {s / 448.0f, 0.0f};
+    return {s, kind == kState8Bit ? 1.0f / s : 0.0f};
   }
 
-  // The value encode maps to a code: x / scale, and for 8-bit x * RN(1 / scale), the reciprocal once per block
-  // (as bitsandbytes' blockwise quantizer does). The division cost the 8-bit step on AVX-512 10-12% (GPT-2 small
-  // 75 -> 67 ms); the two differ by at most an ulp, which moves a code only for a y within an ulp of a midpoint
-  // (for scales below 2^126: above, the reciprocal is subnormal and keeps fewer bits, a few ulps).
-  // 4-bit (whose AVX-512 encode has no division: thresholds in x, codebook4-inl.h) and FP8 (5% faster with the
-  // product on fp32 params) keep torchao's division: under issue 17's 10% bar (docs/benchmarks.md, 13th pass).
-  LBOPT_HD float encode_input(float x, float scale) const {
-    return kind == kState8Bit ? x * (1.0f / scale) : x / scale;
+  // The value encode maps to a code.
+  LBOPT_HD float encode_input(float x, BlockScale b) const {
+    return kind == kState8Bit ? x * b.inverse : x / b.scale;
   }
 
-  LBOPT_HD uint32_t encode(float x, float scale) const {
-    const float y = encode_input(x, scale);
+  LBOPT_HD uint32_t encode(float x, BlockScale b) const {
+    const float y = encode_input(x, b);
     // the two sizes spelled out, so that each search unrolls (and a codec known at compile time keeps one)
     uint32_t code = kind == kStateFp8 ? fp8_e4m3_encode(y)
                     : entries == 16  ? codebook_encode(mids, 16, y)

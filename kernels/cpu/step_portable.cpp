@@ -49,8 +49,8 @@ void store_state(const StateCodec& codec, StateRef st, int64_t block, int64_t st
   }
   float absmax = 0.0f;
   for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, fabsf(finite_or_zero(in[i])));
-  const float scale = codec.scale_for(absmax);
-  st.scales[block] = scale;
+  const StateCodec::BlockScale scale = codec.block_scale(absmax);
+  st.scales[block] = scale.scale;
   uint8_t* codes = static_cast<uint8_t*>(st.codes);
   if (codec.kind == kState4Bit) {
     // start is even (blocks are 128 elements); an odd tail leaves the last low nibble 0

@@ -187,12 +187,11 @@ class BlockEncoder {
     sc_ = &sc;
     codes_ = static_cast<uint8_t*>(st.codes) + state_byte(kKind, start);
     x_ = x;
-    scale_ = sc.c.scale_for(absmax);
-    inverse_ = 1.0f / scale_;
-    st.scales[b] = scale_;
+    scale_ = sc.c.block_scale(absmax);
+    st.scales[b] = scale_.scale;
 #if LBOPT_ENCODE4_IN_X
     if (kKind == kState4Bit)
-      thresholds_.init(sc.second, scale_);
+      thresholds_.init(sc.second, scale_.scale);
 #endif
   }
 
@@ -211,8 +210,8 @@ class BlockEncoder {
 #endif
     // StateCodec::encode_input
     const auto yi = kInX                    ? xi
-                    : kKind == kState8Bit ? hn::Mul(xi, hn::Set(df, inverse_))
-                                          : hn::Div(xi, hn::Set(df, scale_));
+                    : kKind == kState8Bit ? hn::Mul(xi, hn::Set(df, scale_.inverse))
+                                          : hn::Div(xi, hn::Set(df, scale_.scale));
     VI c;
     if (kKind == kStateFp8) {
       c = hn::BitCast(di, fp8_encode(yi));
@@ -281,8 +280,7 @@ class BlockEncoder {
   const SimdCodec* sc_ = nullptr;
   uint8_t* codes_ = nullptr;  // the block's first code byte
   const float* x_ = nullptr;
-  float scale_ = 0.0f;
-  float inverse_ = 0.0f;  // 8-bit: 1 / scale_
+  StateCodec::BlockScale scale_{};
 #if LBOPT_ENCODE4_IN_X
   Thresholds4 thresholds_;
 #endif
@@ -481,15 +479,15 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   void* const param = slot.param;
   const void* const grad = slot.grad;
   // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
-  // elements on of its streams (param, grad, the states of the fp32 kind; with bf16 params and grads, theirs
-  // every other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone
-  // leave the step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 ->
-  // 0.436 at 64M on 2; GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that
-  // also prefetched the codes, which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines
-  // than the L1 has fill buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within
-  // 2%); the general loops, whose sizes are read at run time, ran bf16 params 5-6% slower with it (docs/
-  // benchmarks.md, fifth pass). No loop here holds only prefetches: GCC deletes such a loop (C++ lets it assume
-  // that a loop without side effects ends, -ffinite-loops), which is how an earlier prefetch never ran.
+  // elements on of its streams (param, grad, the states of the fp32 kind; with bf16 params and grads, theirs every
+  // other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the
+  // step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on 2;
+  // GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched the codes,
+  // which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines than the L1 has fill
+  // buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within 2%); the general loops, whose
+  // sizes are read at run time, ran bf16 params 5-6% slower with it (docs/benchmarks.md, fifth pass). No loop here
+  // holds only prefetches: GCC deletes such a loop (C++ lets it assume that a loop without side effects ends,
+  // -ffinite-loops), which is how an earlier prefetch never ran.
   constexpr bool kPrefetch = S::dtype >= 0;
   constexpr int64_t kValueBytes = S::dtype == kFloat32 ? 4 : 2;  // of param and grad, where the shape fixes them
   StateRef st[kMaxStates];

@@ -113,8 +113,8 @@ __device__ __forceinline__ void store_block(const StateCodec& c, void* codes, fl
 #pragma unroll
   for (int k = 0; k < E; ++k)
     if (FULL || local[k] < n) absmax = fmaxf(absmax, fabsf(finite_or_zero(x[k])));
-  const float scale = c.scale_for(warp_max_nonnegative(absmax));
-  if (lane == 0) *scale_out = scale;
+  const StateCodec::BlockScale scale = c.block_scale(warp_max_nonnegative(absmax));
+  if (lane == 0) *scale_out = scale.scale;
   uint8_t* b = static_cast<uint8_t*>(codes);
   if (KIND == kState4Bit) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
 #pragma unroll
