@@ -31,6 +31,9 @@ int64_t dequantize_blocks_simd(const StateCodec& codec, StateRef src, float* dst
 // The instruction set the SIMD kernels dispatch to here ("AVX3", "AVX2", ...), or "portable".
 const char* simd_target();
 
+// Whether the CPU has AVX512_BF16, whose conversion the AVX-512 kernels round bf16 params with.
+bool cpu_has_bf16_convert();
+
 // True if any element of grad[begin, end) is NaN or Inf.
 bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end);
 

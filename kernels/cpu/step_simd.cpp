@@ -355,16 +355,43 @@ HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random
   hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), out)), DU16(), static_cast<uint16_t*>(p) + i);
 }
 
-// store_param of elements e .. e + lanes - 1, rounded stochastically to bf16 where sr (a function, not a lambda
-// of the step: in one, its captures were reloaded after every code byte store, which may alias them; 8-bit SGD
-// with bf16 params 20% slower).
-HWY_INLINE void store_param_at(Dtype dt, void* p, int64_t e, VF x, bool sr, uint64_t seed, uint64_t step) {
-  if (sr) {
+// How store_param_at rounds a param: to nearest (every dtype), stochastically (bf16), or to nearest by the CPU's
+// bf16 conversion (bf16, below).
+enum class ParamRound { kNearest, kStochastic, kConvert };
+
+#undef LBOPT_BF16_CONVERT
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define LBOPT_BF16_CONVERT 1
+// float_to_bf16 of a whole vector by AVX512_BF16's vcvtneps2bf16, where the CPU has it (cpu_has_bf16_convert):
+// the instruction rounds to nearest even and quiets NaN as float_to_bf16 does, for every float but the subnormals,
+// which it flushes to zero (checked over all 2^32 floats); a vector holding one returns false and takes
+// store_param's integer rounding. Five instructions where that takes about ten: bf16 params 0.86-0.99x in cache
+// for the 4-bit step, 0.76-0.98x for fp32 states, 0.88-1.00x at 64M (docs/benchmarks.md, fourteenth pass).
+// Highway 1.0.3 has no target with AVX512_BF16 and its intrinsic needs that target's flag, so the instruction is
+// written in assembly.
+HWY_INLINE bool store_bf16_convert(void* p, int64_t i, VF x) {
+  if (_mm512_fpclass_ps_mask(x.raw, 0x20)) return false;  // 0x20: denormal
+  __m256i h;
+  __asm__("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x.raw));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(p) + i), h);
+  return true;
+}
+#else
+#define LBOPT_BF16_CONVERT 0
+#endif
+
+// store_param of elements e .. e + lanes - 1, rounded as `round` says (a function, not a lambda of the step: in
+// one, its captures were reloaded after every code byte store, which may alias them; 8-bit SGD with bf16 params
+// 20% slower).
+HWY_INLINE void store_param_at(Dtype dt, void* p, int64_t e, VF x, ParamRound round, uint64_t seed, uint64_t step) {
+  if (round == ParamRound::kStochastic) {
     const VU random = random_bits_vec(seed, step, e);
-    store_param(dt, p, e, x, &random);
-  } else {
-    store_param(dt, p, e, x, nullptr);
+    return store_param(dt, p, e, x, &random);
   }
+#if LBOPT_BF16_CONVERT
+  if (round == ParamRound::kConvert && store_bf16_convert(p, e, x)) return;
+#endif
+  store_param(dt, p, e, x, nullptr);
 }
 
 // ScalarOps::max: a NaN operand yields the other one (AMSGrad's running max keeps its value on a NaN v), and of
@@ -492,7 +519,11 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   constexpr int64_t kValueBytes = S::dtype == kFloat32 ? 4 : 2;  // of param and grad, where the shape fixes them
   StateRef st[kMaxStates];
   for (int k = 0; k < kMaxStates; ++k) st[k] = slot.states[k];
-  const bool sr = flags.stochastic_round && pdt == kBfloat16;
+  const bool convert = LBOPT_BF16_CONVERT && cpu_has_bf16_convert();
+  const ParamRound round = pdt != kBfloat16        ? ParamRound::kNearest
+                           : flags.stochastic_round ? ParamRound::kStochastic
+                           : convert                ? ParamRound::kConvert
+                                                    : ParamRound::kNearest;
   const uint64_t seed = flags.seed, step = uint64_t(slot.step);
   const DF df;
   const int64_t n = int64_t(hn::Lanes(df));
@@ -558,7 +589,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
       const auto x1 = has1 ? hn::Load(df, bst[1].values + i) : x0;
       const auto x2 = has2 ? hn::Load(df, bst[2].values + i) : x0;
       update_param<VecOps>(s, p, hn::Load(df, tbuf + i), x0, x1, x2);
-      store_param_at(pdt, param, start + i, p, sr, seed, step);
+      store_param_at(pdt, param, start + i, p, round, seed, step);
     }
   };
   // The encoders' whole block, each vector's states together: where a block is encoded after its update, that
@@ -623,7 +654,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
         hn::Store(update_states<VecOps>(s, p, g, x0, x1, x2), df, tbuf + i);
       } else {
         update<VecOps>(s, p, g, x0, x1, x2);
-        store_param_at(pdt, param, start + i, p, sr, seed, step);
+        store_param_at(pdt, param, start + i, p, round, seed, step);
       }
       if (n_states > 0) {
         if (kQuantized) block_max_add(max0, x0);
@@ -855,6 +886,15 @@ int64_t dequantize_blocks_simd(const StateCodec& codec, StateRef src, float* dst
 }
 
 const char* simd_target() { return simd_enabled() ? HWY_DYNAMIC_DISPATCH(TargetName)() : "portable"; }
+
+bool cpu_has_bf16_convert() {
+#if HWY_ARCH_X86 && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
 
 }  // namespace lbopt::cpu
 #endif  // HWY_ONCE

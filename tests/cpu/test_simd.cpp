@@ -110,6 +110,49 @@ uint64_t scrambled_cases() {
   return d;
 }
 
+// bf16 and f16 params at the edges of their rounding, three steps: subnormal values (which AVX512_BF16's
+// conversion flushes to zero, so the AVX-512 kernels must not use it on a vector that holds one), the least normals,
+// +-0, +-Inf, NaN and the largest finite values, under an lr small enough that subnormal params stay subnormal with
+// low bits to round. Vectors (of up to 16 lanes) with every lane subnormal, with one, and with none. Digest of the
+// params.
+uint64_t param_edge_cases() {
+  uint64_t d = 0;
+  for (const DLDataType& pt : {bf16(), f16()}) {
+    const bool is_bf16 = pt.code == kDLBfloat;
+    const double least_normal = is_bf16 ? 0x1p-126 : 0x1p-14;
+    const uint16_t nan = is_bf16 ? 0x7fc0 : 0x7e00, inf = is_bf16 ? 0x7f80 : 0x7c00, max = is_bf16 ? 0x7f7f : 0x7bff;
+    const int64_t n = 4096;
+    Buffer p(pt, {n}), g(f32(), {n});
+    State m(LBOPT_STATE_FP32, n), v(LBOPT_STATE_FP32, n);
+    std::mt19937_64 rng(11);
+    std::normal_distribution<double> nd;
+    uint16_t* const bits = static_cast<uint16_t*>(p.t.data);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t group = i / 16 % 4, lane = i % 16;
+      const bool negative = rng() % 2;
+      const double sign = negative ? -1.0 : 1.0;
+      if (group == 0 || (group == 1 && lane == 5)) {  // subnormal: a multiple of least_normal / 128
+        store(ref_dtype(pt), bits, i, sign * least_normal * double(1 + rng() % 127) / 128.0);
+      } else {
+        store(ref_dtype(pt), bits, i, sign * least_normal * (1.0 + double(rng() % 64) / 64.0));
+        if (group == 2 && lane < 4)
+          bits[i] = uint16_t((lane == 0 ? nan : lane == 1 ? inf : lane == 2 ? 0 : max) | (negative ? 0x8000 : 0));
+      }
+      g.as<float>()[i] = float(1e-3 * nd(rng));
+    }
+    for (State* st : {&m, &v}) lbopt_state_init(LBOPT_STATE_FP32, n, st->view(), nullptr);
+    lbopt_adamw_config cfg;
+    lbopt_adamw_config_init(&cfg, sizeof cfg);
+    cfg.state_kind = LBOPT_STATE_FP32;
+    for (int64_t s = 1; s <= 3; ++s) {
+      const lbopt_adamw_slot slot{sizeof slot, &p.t, &g.t, m.view(), v.view(), lbopt_state{}, s};
+      REQUIRE(lbopt_adamw_step(&cfg, is_bf16 ? 1e-40 : 1e-8, &slot, 1, nullptr) == LBOPT_OK);
+    }
+    d = d * 31 + hash(p);
+  }
+  return d;
+}
+
 // The midpoints between neighbouring values of a map (k < 3), from the library's own decode at scale 1.
 // Every code's value at scale 1, by code.
 std::vector<float> code_values(lbopt_state_kind kind, lbopt_moment mo) {
@@ -298,10 +341,10 @@ int documented_roundings(lbopt_state_kind kind, lbopt_moment mo, int* cases) {
 TEST_SUITE("simd") {
   TEST_CASE("every supported instruction set reproduces the portable kernels bit for bit") {
     struct Digests {
-      uint64_t steps, scrambled, quantize, scaled;
+      uint64_t steps, scrambled, quantize, scaled, params;
     };
     const auto digests = [] {
-      return Digests{all_cases(), scrambled_cases(), quantize_cases(), scaled_quantize_cases()};
+      return Digests{all_cases(), scrambled_cases(), quantize_cases(), scaled_quantize_cases(), param_edge_cases()};
     };
     const Digests portable = with_portable_kernels(digests);
     for_each_simd_target([&](const std::string&) {
@@ -310,6 +353,7 @@ TEST_SUITE("simd") {
       CHECK(simd.scrambled == portable.scrambled);
       CHECK(simd.quantize == portable.quantize);
       CHECK(simd.scaled == portable.scaled);
+      CHECK(simd.params == portable.params);
     });
   }
 
