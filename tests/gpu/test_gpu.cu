@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -552,6 +554,66 @@ TEST_CASE("quantize, dequantize and state_init on the device equal the CPU's bit
         for (uint8_t b : st.codes.download()) REQUIRE(b == 0);
         for (uint8_t b : st.scales.download()) REQUIRE(b == 0);
       }
+}
+
+// The codes of x = mid * s and its neighbours, for every decision point of every map under block scales of every
+// magnitude (from 2^126 on, 8-bit's RN(1 / s) is subnormal): inputs where the quotient x / s and the product
+// x * RN(1 / s) give different codes, so that the device must encode the quotient each kind documents (docs/abi.md
+// 5.1: the product for 8-bit, the quotient for 4-bit and FP8) as the CPU does. Random data rarely tells them apart.
+TEST_CASE("quantize at and around every decision point times the block scale: the device's codes are the CPU's") {
+  std::vector<float> anchors = {1e-12f, 1.7e-10f, 3e-5f, 0.37f, 1.0f, 1.5f, 1000.1f, 3e20f, 1e38f, 0x1p126f,
+                                0x1.8p126f, 0x1p127f, 3.4028235e38f};
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> log_anchor(-27.6, 88.0);
+  for (int i = 0; i < 100; ++i) anchors.push_back(float(std::exp(log_anchor(rng))));
+  for (int kind = 0; kind < 3; ++kind)
+    for (lbopt_moment moment : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
+      CAPTURE(kind);
+      CAPTURE(moment);
+      const lbopt_state_kind k = lbopt_state_kind(kind);
+      const int64_t block = kind == LBOPT_STATE_4BIT ? 128 : 256, codes = kind == LBOPT_STATE_4BIT ? 16 : 256;
+      // every code's value at scale 1 (the CPU's decode), and the midpoints between neighbouring values
+      StateMirror table(k, block);
+      for (int64_t c = 0; c < codes; ++c)
+        if (kind == LBOPT_STATE_4BIT) table.codes.host[size_t(c / 2)] |= uint8_t(c % 2 ? c : c << 4);
+        else table.codes.host[size_t(c)] = uint8_t(c);
+      const float one = 1.0f;
+      memcpy(table.scales.host.data(), &one, sizeof one);
+      Mirror values(dt(kDLFloat, 32), block);
+      REQUIRE(lbopt_dequantize(k, moment, table.host(k), &values.h, nullptr) == LBOPT_OK);
+      std::vector<float> sorted;
+      for (int64_t c = 0; c < codes; ++c) {
+        const float v = reinterpret_cast<const float*>(values.host.data())[c];
+        if (std::isfinite(v)) sorted.push_back(v);  // (e4m3's NaN codes left out)
+      }
+      std::sort(sorted.begin(), sorted.end());
+      std::vector<float> in;
+      for (float anchor : anchors) {
+        const float absmax = std::max(anchor, 1e-12f);  // the block scale lbopt derives from it
+        const float s = kind == LBOPT_STATE_FP8 ? absmax / 448.0f : absmax;
+        std::vector<float> xs;
+        for (size_t i = 0; i + 1 < sorted.size(); ++i) {
+          float x = 0.5f * (sorted[i] + sorted[i + 1]) * s;
+          for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
+          for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY))
+            if (std::fabs(x) <= anchor && !(moment == LBOPT_MOMENT_SECOND && std::signbit(x))) xs.push_back(x);
+        }
+        for (size_t next = 0; next < xs.size();) {  // blocks: the anchor sets absmax, the rest lie within it
+          in.push_back(anchor);
+          for (int64_t j = 1; j < block; ++j) in.push_back(next < xs.size() ? xs[next++] : 0.0f);
+        }
+      }
+      const int64_t n = int64_t(in.size());
+      Mirror x(dt(kDLFloat, 32), n);
+      memcpy(x.host.data(), in.data(), in.size() * sizeof(float));
+      x.upload();
+      StateMirror st(k, n);
+      REQUIRE(lbopt_quantize(k, moment, &x.h, st.host(k), nullptr) == LBOPT_OK);
+      REQUIRE(lbopt_quantize(k, moment, &x.d, st.device(k), nullptr) == LBOPT_OK);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      CHECK(st.scales.download() == st.scales.host);
+      CHECK(st.codes.download() == st.codes.host);
+    }
 }
 
 int main(int argc, char** argv) {
