@@ -1,5 +1,5 @@
 // CPU step throughput against a memory copy of the same footprint, measured in the same run.
-// usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16]
+// usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16,fp16]
 //                   [--optimizers adamw,sgd,lion,ademamix,amsgrad] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
 //                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
 //                   instruction set the CPU supports; optimizers default to all four, so that every default run
@@ -142,9 +142,18 @@ DLTensor view(void* data, int64_t* shape, DLDataType dt) {
   return t;
 }
 
-// Normal-ish values (sum of uniforms) from a fast LCG, in fp32 or as bf16 bits, so codes and scales vary.
-void fill(std::vector<uint8_t>& buf, bool bf16, float sigma, uint64_t seed) {
-  const size_t elem = bf16 ? 2 : 4, n = buf.size() / elem;
+// A float16 near f (truncated; 0 below the normal range): benchmark data only.
+uint16_t half_bits(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  const uint32_t sign = (b >> 16) & 0x8000u;
+  const int e = int((b >> 23) & 0xffu) - 127 + 15;
+  return e <= 0 ? uint16_t(sign) : uint16_t(sign | uint32_t(e) << 10 | ((b >> 13) & 0x3ffu));
+}
+
+// Normal-ish values (sum of uniforms) from a fast LCG, in the param dtype dt, so codes and scales vary.
+void fill(std::vector<uint8_t>& buf, DLDataType dt, float sigma, uint64_t seed) {
+  const size_t elem = dt.bits / 8, n = buf.size() / elem;
   uint64_t x = seed;
   for (size_t i = 0; i < n; ++i) {
     float s = -2.0f;
@@ -155,8 +164,8 @@ void fill(std::vector<uint8_t>& buf, bool bf16, float sigma, uint64_t seed) {
     float f = s * 1.7f * sigma;
     uint32_t bits;
     memcpy(&bits, &f, 4);
-    if (bf16) {
-      const uint16_t h = uint16_t(bits >> 16);
+    if (elem == 2) {
+      const uint16_t h = dt.code == kDLBfloat ? uint16_t(bits >> 16) : half_bits(f);
       memcpy(&buf[i * 2], &h, 2);
     } else {
       memcpy(&buf[i * 4], &f, 4);
@@ -173,13 +182,17 @@ struct Row {
 };
 
 // amsgrad: AdamW with LBOPT_FLAG_AMSGRAD (a third state, vmax), the row named "amsgrad".
-Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, bool bf16, int64_t n, int reps, Team& team) {
-  const DLDataType f32{kDLFloat, 32, 1}, b16{kDLBfloat, 16, 1};
-  const DLDataType dt = bf16 ? b16 : f32;
-  const size_t elem = bf16 ? 2 : 4;
+// param: "fp32", "bf16" or "fp16", the dtype of the params and grads.
+Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& param, int64_t n, int reps,
+        Team& team) {
+  const DLDataType f32{kDLFloat, 32, 1};
+  const DLDataType dt = param == "bf16" ? DLDataType{kDLBfloat, 16, 1}
+                        : param == "fp16" ? DLDataType{kDLFloat, 16, 1}
+                                          : f32;
+  const size_t elem = dt.bits / 8;
   std::vector<uint8_t> p(size_t(n) * elem), g(size_t(n) * elem);
-  fill(p, bf16, 0.1f, 1);
-  fill(g, bf16, 0.01f, 2);
+  fill(p, dt, 0.1f, 1);
+  fill(g, dt, 0.01f, 2);
   lbopt_optimizer_config cfg;
   lbopt_optimizer_config_init(&cfg, sizeof cfg, optimizer);
   cfg.state_kind = lbopt_state_kind(kind);
@@ -219,7 +232,7 @@ Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, bool bf16, int64_t n,
   const double bytes = double(n) * (3.0 * double(elem)) + double(n_states) * (2.0 * double(l.codes_bytes) +
                                                                                8.0 * double(sn));
   Row r{amsgrad ? "amsgrad" : lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)),
-        bf16 ? "bf16" : "fp32", n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
+        elem == 2 ? param : "fp32", n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
   r.roof = roofline(team, size_t(bytes), reps);
   return r;
 }
@@ -280,7 +293,7 @@ int main(int argc, char** argv) {
           for (const std::string& o : optimizers) {
             const bool amsgrad = o == "amsgrad";
             const Row r = run(lbopt_optimizer(find_name(optimizer_name, amsgrad ? "adamw" : o)), amsgrad,
-                              find_name(kind_name, k), pd == "bf16", parse_size(size), reps, team);
+                              find_name(kind_name, k), pd, parse_size(size), reps, team);
             if (r.optimizer == "adamw") adamw_ns = r.ns;
             char vs[16] = "";
             if (adamw_ns > 0) snprintf(vs, sizeof vs, "%.2fx", r.ns / adamw_ns);

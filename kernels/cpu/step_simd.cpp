@@ -334,6 +334,11 @@ HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random
   const DF df;
   const DU du;
   if (dt == kFloat32) return hn::StoreU(x, df, static_cast<float*>(p) + i);
+  // float16: the hardware conversion's result as it is where no lane is NaN (whose payload it keeps, where
+  // float_to_f16 gives the sign and 0x7e00), the common case: float16 params 0.53-0.93x in cache on AVX-512 with the
+  // float16 loops below, the store alone 0.81-0.95x (docs/benchmarks.md, fourteenth pass)
+  if (dt == kFloat16 && hn::AllFalse(df, hn::IsNaN(x)))
+    return hn::StoreU(hn::DemoteTo(DF16(), x), DF16(), static_cast<hwy::float16_t*>(p) + i);
   const auto b = hn::BitCast(du, x);
   const auto is_nan = hn::RebindMask(du, hn::IsNaN(x));
   const auto high = hn::ShiftRight<16>(b);
@@ -458,7 +463,9 @@ constexpr int64_t kPrefetchAhead = 1024;
 // own too: a compile-time flag inside one function gained nothing (its other loop copies cost registers), a
 // function of its own 0.827 -> 0.79. bf16 params with bf16 grads get loops of their own as well: on AVX-512 they
 // had gained nothing measurable (1.39 ns/elem both), on Zen 3's AVX2 5-19% (4-bit AdamW 1.581 -> 1.372 ns/elem
-// in cache; docs/benchmarks.md, tenth pass).
+// in cache; docs/benchmarks.md, tenth pass). So do float16 params with float16 grads (model.half()): in the
+// general loops, without the prefetch, they ran 1.1-3.4x slower (4-bit AdamW at 64M with 2 threads 0.781 -> 0.370
+// ns/elem, SGD 0.665 -> 0.198, AVX-512; docs/benchmarks.md, fourteenth pass).
 // The sanitizer builds compile the general loops alone (the same code without the constants): the shaped ones
 // quadrupled their compile time.
 #undef LBOPT_SHAPED_LOOPS
@@ -540,13 +547,15 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // without AVX-512. With the update in two passes (kTwoPass below), 8-bit AdamW too runs faster unpipelined
   // (2.713 -> 2.497 ns/elem in cache, 1.377 -> 1.306 at 64M with 2 threads; docs/benchmarks.md, tenth pass), so
   // only the one-state 8-bit loops stay pipelined there. On AVX-512 (Intel) a two-pass update unpipelined wins
-  // with bf16 params (4-bit AdamW 0.821 -> 0.718 ns/elem in cache, 0.421 -> 0.374 at 64M with 2 threads) and with
+  // with bf16 params (4-bit AdamW 0.821 -> 0.718 ns/elem in cache, 0.421 -> 0.374 at 64M with 2 threads; float16
+  // params alike, 4-bit 0.95x, 8-bit 0.92-0.98x, FP8 1.01-1.03x: docs/benchmarks.md, fourteenth pass) and with
   // three 4-bit or 8-bit states (AdEMAMix 4-bit 0.788 -> 0.718, AMSGrad 0.826 -> 0.743), but not for fp32
   // params with two states or FP8 ones (8-bit AdamW 0.599 -> 0.683 at 64M; docs/benchmarks.md, twelfth pass).
   // Other targets, unmeasured, encode each block right after its update.
 #if HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2
   constexpr bool kPipelined =
-      kQuantized && !(Opt::kTwoPass && (S::dtype == kBfloat16 || (S::states >= 3 && kKind != kStateFp8)));
+      kQuantized && !(Opt::kTwoPass && (S::dtype == kBfloat16 || S::dtype == kFloat16 ||
+                                        (S::states >= 3 && kKind != kStateFp8)));
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   constexpr bool kPipelined = kKind == kState8Bit && S::states < 3 && !Opt::kTwoPass;
 #else
@@ -795,6 +804,7 @@ int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   if (slot.param_dtype == slot.grad_dtype) {
     if (slot.param_dtype == kFloat32) return step_dtype_shaped<Opt, kKind, kFloat32>(slot, flags, b0, b1);
     if (slot.param_dtype == kBfloat16) return step_dtype_shaped<Opt, kKind, kBfloat16>(slot, flags, b0, b1);
+    if (slot.param_dtype == kFloat16) return step_dtype_shaped<Opt, kKind, kFloat16>(slot, flags, b0, b1);
   }
 #endif
   return step_blocks<Opt, kKind, AnyShape>(slot, flags, b0, b1);

@@ -113,16 +113,18 @@ uint64_t scrambled_cases() {
 // bf16 and f16 params at the edges of their rounding, three steps: subnormal values (which AVX512_BF16's
 // conversion flushes to zero, so the AVX-512 kernels must not use it on a vector that holds one), the least normals,
 // +-0, +-Inf, NaN and the largest finite values, under an lr small enough that subnormal params stay subnormal with
-// low bits to round. Vectors (of up to 16 lanes) with every lane subnormal, with one, and with none. Digest of the
-// params.
+// low bits to round. Vectors (of up to 16 lanes) with every lane subnormal, with one, and with none. Grads of the
+// params' dtype (the loops compiled for it) and float32 ones (the general loops). Digest of the params.
 uint64_t param_edge_cases() {
   uint64_t d = 0;
-  for (const DLDataType& pt : {bf16(), f16()}) {
+  for (const DLDataType& pt : {bf16(), f16()})
+  for (const DLDataType& gt : {pt, f32()}) {
     const bool is_bf16 = pt.code == kDLBfloat;
     const double least_normal = is_bf16 ? 0x1p-126 : 0x1p-14;
-    const uint16_t nan = is_bf16 ? 0x7fc0 : 0x7e00, inf = is_bf16 ? 0x7f80 : 0x7c00, max = is_bf16 ? 0x7f7f : 0x7bff;
+    const uint16_t inf = is_bf16 ? 0x7f80 : 0x7c00, max = is_bf16 ? 0x7f7f : 0x7bff;
+    const uint16_t payload = is_bf16 ? 0x7f : 0x3ff;  // a NaN's mantissa bits: a payload the rounding must drop
     const int64_t n = 4096;
-    Buffer p(pt, {n}), g(f32(), {n});
+    Buffer p(pt, {n}), g(gt, {n});
     State m(LBOPT_STATE_FP32, n), v(LBOPT_STATE_FP32, n);
     std::mt19937_64 rng(11);
     std::normal_distribution<double> nd;
@@ -136,9 +138,10 @@ uint64_t param_edge_cases() {
       } else {
         store(ref_dtype(pt), bits, i, sign * least_normal * (1.0 + double(rng() % 64) / 64.0));
         if (group == 2 && lane < 4)
-          bits[i] = uint16_t((lane == 0 ? nan : lane == 1 ? inf : lane == 2 ? 0 : max) | (negative ? 0x8000 : 0));
+          bits[i] = uint16_t((lane == 0 ? inf | ((uint16_t(rng()) & payload) | 1) : lane == 1 ? inf : lane == 2 ? 0 : max) |
+                             (negative ? 0x8000 : 0));
       }
-      g.as<float>()[i] = float(1e-3 * nd(rng));
+      store(ref_dtype(gt), g.t.data, i, ref::to_dtype(ref_dtype(gt), 1e-3 * nd(rng)));
     }
     for (State* st : {&m, &v}) lbopt_state_init(LBOPT_STATE_FP32, n, st->view(), nullptr);
     lbopt_adamw_config cfg;
