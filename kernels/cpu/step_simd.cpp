@@ -335,7 +335,7 @@ HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random
   const DU du;
   if (dt == kFloat32) return hn::StoreU(x, df, static_cast<float*>(p) + i);
   // float16: the hardware conversion's result as it is where no lane is NaN (whose payload it keeps, where
-  // float_to_f16 gives the sign and 0x7e00), the common case: float16 params 0.53-0.93x in cache on AVX-512 with the
+  // float_to_f16 gives the sign and 0x7e00), the common case: float16 params 0.53-0.97x in cache on AVX-512 with the
   // float16 loops below, the store alone 0.81-0.95x (docs/benchmarks.md, fourteenth pass)
   if (dt == kFloat16 && hn::AllFalse(df, hn::IsNaN(x)))
     return hn::StoreU(hn::DemoteTo(DF16(), x), DF16(), static_cast<hwy::float16_t*>(p) + i);
@@ -464,8 +464,8 @@ constexpr int64_t kPrefetchAhead = 1024;
 // function of its own 0.827 -> 0.79. bf16 params with bf16 grads get loops of their own as well: on AVX-512 they
 // had gained nothing measurable (1.39 ns/elem both), on Zen 3's AVX2 5-19% (4-bit AdamW 1.581 -> 1.372 ns/elem
 // in cache; docs/benchmarks.md, tenth pass). So do float16 params with float16 grads (model.half()): in the
-// general loops, without the prefetch, they ran 1.1-3.4x slower (4-bit AdamW at 64M with 2 threads 0.781 -> 0.370
-// ns/elem, SGD 0.665 -> 0.198, AVX-512; docs/benchmarks.md, fourteenth pass).
+// general loops, without the prefetch, they ran up to 3.3x slower (4-bit AdamW at 64M with 2 threads 0.782 -> 0.357
+// ns/elem, SGD 0.672 -> 0.204, AVX-512, with the store below; docs/benchmarks.md, fourteenth pass).
 // The sanitizer builds compile the general loops alone (the same code without the constants): the shaped ones
 // quadrupled their compile time.
 #undef LBOPT_SHAPED_LOOPS

@@ -137,9 +137,11 @@ uint64_t param_edge_cases() {
         store(ref_dtype(pt), bits, i, sign * least_normal * double(1 + rng() % 127) / 128.0);
       } else {
         store(ref_dtype(pt), bits, i, sign * least_normal * (1.0 + double(rng() % 64) / 64.0));
-        if (group == 2 && lane < 4)
-          bits[i] = uint16_t((lane == 0 ? inf | ((uint16_t(rng()) & payload) | 1) : lane == 1 ? inf : lane == 2 ? 0 : max) |
-                             (negative ? 0x8000 : 0));
+        if (group == 2 && lane < 4) {
+          const uint16_t nan = uint16_t(inf | (uint16_t(rng()) & payload) | 1);  // never the payload 0 (Inf)
+          const uint16_t special[4] = {nan, inf, 0, max};
+          bits[i] = uint16_t(special[lane] | (negative ? 0x8000 : 0));
+        }
       }
       store(ref_dtype(gt), g.t.data, i, ref::to_dtype(ref_dtype(gt), 1e-3 * nd(rng)));
     }
