@@ -479,9 +479,9 @@ constexpr int64_t kPrefetchAhead = 1024;
 #ifndef LBOPT_SHAPED_LOOPS
 #define LBOPT_SHAPED_LOOPS 1
 #endif
-template <int kDtype, int kStates, bool kUnitGrad = false>
+template <int kDtype, int kStates, bool kUnitGrad = false, int kGradDtype = kDtype>
 struct Shape {
-  static constexpr int dtype = kDtype, states = kStates;
+  static constexpr int dtype = kDtype, grad_dtype = kGradDtype, states = kStates;
   static constexpr bool unit_grad = kUnitGrad;  // grad_factor is 1: its product, exact, is left out
 };
 using AnyShape = Shape<-1, -1>;
@@ -509,7 +509,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   for (int k = 0; k < n_states; ++k) codec[k].init(host_codec(kKind, Opt::second_moment(k)));
   // Locals, not reads through slot: the byte stores of the codes may alias anything, which would force reloads.
   const Dtype pdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.param_dtype;
-  const Dtype gdt = S::dtype >= 0 ? Dtype(S::dtype) : slot.grad_dtype;
+  const Dtype gdt = S::grad_dtype >= 0 ? Dtype(S::grad_dtype) : slot.grad_dtype;
   void* const param = slot.param;
   const void* const grad = slot.grad;
   // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
@@ -523,7 +523,7 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // holds only prefetches: GCC deletes such a loop (C++ lets it assume that a loop without side effects ends,
   // -ffinite-loops), which is how an earlier prefetch never ran.
   constexpr bool kPrefetch = S::dtype >= 0;
-  constexpr int64_t kValueBytes = S::dtype == kFloat32 ? 4 : 2;  // of param and grad, where the shape fixes them
+  constexpr int64_t kParamBytes = S::dtype == kFloat32 ? 4 : 2, kGradBytes = S::grad_dtype == kFloat32 ? 4 : 2;
   StateRef st[kMaxStates];
   for (int k = 0; k < kMaxStates; ++k) st[k] = slot.states[k];
   const bool convert = LBOPT_BF16_CONVERT && cpu_has_bf16_convert();
@@ -643,10 +643,11 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     // two vectors a round: the 4-bit encode packs codes in pairs of vectors
     const auto update_vec = [&](int64_t i, auto odd, auto encode) HWY_ATTR {
       if (kPrefetch) {  // one line each per vector: at up to 16 lanes, every line of a stream is touched
-        if (kValueBytes == 4 || !decltype(odd)::value) {  // 2-byte params and grads: every other vector
-          __builtin_prefetch(static_cast<char*>(param) + (ahead + i) * kValueBytes, 1);
-          __builtin_prefetch(static_cast<const char*>(grad) + (ahead + i) * kValueBytes, 0);
-        }
+        // a 2-byte stream every other vector
+        if (kParamBytes == 4 || !decltype(odd)::value)
+          __builtin_prefetch(static_cast<char*>(param) + (ahead + i) * kParamBytes, 1);
+        if (kGradBytes == 4 || !decltype(odd)::value)
+          __builtin_prefetch(static_cast<const char*>(grad) + (ahead + i) * kGradBytes, 0);
         if (!kQuantized) {
           if (n_states > 0) __builtin_prefetch(static_cast<float*>(st[0].codes) + ahead + i, 1);
           if (has1) __builtin_prefetch(static_cast<float*>(st[1].codes) + ahead + i, 1);
@@ -785,15 +786,16 @@ HWY_INLINE int64_t with_state_count(int n, const F& f) {
   return f(std::integral_constant<int, kLo>());
 }
 
-// step_blocks of the Shape with dtype kDtype (param and grad) that fits the slot's state count and grad factor.
-template <class Opt, int kKind, int kDtype>
+// step_blocks of the Shape with dtypes kDtype (param) and kGradDtype that fits the slot's state count and grad
+// factor.
+template <class Opt, int kKind, int kDtype, int kGradDtype = kDtype>
 int64_t step_dtype_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   return with_state_count<Opt::kMinStates, Opt::kMaxStates>(Opt::states(flags.hyper), [&](auto n) HWY_ATTR {
     constexpr int kN = decltype(n)::value;
     const typename Opt::Flags fix_all;
     return slot.grad_factor == 1.0f
-               ? step_fixing<Opt, kKind, Shape<kDtype, kN, true>>(slot, flags, b0, b1, fix_all)
-               : step_fixing<Opt, kKind, Shape<kDtype, kN>>(slot, flags, b0, b1, fix_all);
+               ? step_fixing<Opt, kKind, Shape<kDtype, kN, true, kGradDtype>>(slot, flags, b0, b1, fix_all)
+               : step_fixing<Opt, kKind, Shape<kDtype, kN, false, kGradDtype>>(slot, flags, b0, b1, fix_all);
   });
 }
 
@@ -806,6 +808,9 @@ int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     if (slot.param_dtype == kBfloat16) return step_dtype_shaped<Opt, kKind, kBfloat16>(slot, flags, b0, b1);
     if (slot.param_dtype == kFloat16) return step_dtype_shaped<Opt, kKind, kFloat16>(slot, flags, b0, b1);
   }
+  // fp32 master params with bf16 grads (a mixed-precision setup)
+  if (slot.param_dtype == kFloat32 && slot.grad_dtype == kBfloat16)
+    return step_dtype_shaped<Opt, kKind, kFloat32, kBfloat16>(slot, flags, b0, b1);
 #endif
   return step_blocks<Opt, kKind, AnyShape>(slot, flags, b0, b1);
 }
