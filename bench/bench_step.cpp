@@ -1,6 +1,7 @@
 // CPU step throughput against a memory copy of the same footprint, measured in the same run.
-// usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32] [--params fp32,bf16,fp16]
-//                   [--optimizers adamw,sgd,lion,ademamix,amsgrad] [--reps 5] [--csv FILE] [--isa AVX2|AVX3|...]
+// usage: bench_step [--sizes 1M,16M,256M] [--threads 1,0] [--kinds 4bit,8bit,fp8,fp32]
+//                   [--params fp32,bf16,fp16,fp32+bf16] [--optimizers adamw,sgd,lion,ademamix,amsgrad] [--reps 5]
+//                   [--csv FILE] [--isa AVX2|AVX3|...]
 //                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
 //                   instruction set the CPU supports; optimizers default to all four, so that every default run
 //                   gives each one's ratio to AdamW; SGD runs with momentum 0.9; amsgrad is AdamW with
@@ -182,17 +183,28 @@ struct Row {
 };
 
 // amsgrad: AdamW with LBOPT_FLAG_AMSGRAD (a third state, vmax), the row named "amsgrad".
-// param: "fp32", "bf16" or "fp16", the dtype of the params and grads.
+DLDataType dtype_named(const std::string& name) {
+  if (name == "bf16") return {kDLBfloat, 16, 1};
+  if (name == "fp16") return {kDLFloat, 16, 1};
+  if (name != "fp32") {
+    fprintf(stderr, "unknown dtype %s\n", name.c_str());
+    exit(1);
+  }
+  return {kDLFloat, 32, 1};
+}
+
+// param: the dtype of the params and grads ("fp32", "bf16" or "fp16"), or of each ("fp32+bf16": fp32 params with
+// bf16 grads).
 Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& param, int64_t n, int reps,
         Team& team) {
   const DLDataType f32{kDLFloat, 32, 1};
-  const DLDataType dt = param == "bf16" ? DLDataType{kDLBfloat, 16, 1}
-                        : param == "fp16" ? DLDataType{kDLFloat, 16, 1}
-                                          : f32;
-  const size_t elem = dt.bits / 8;
-  std::vector<uint8_t> p(size_t(n) * elem), g(size_t(n) * elem);
+  const size_t plus = param.find('+');
+  const DLDataType dt = dtype_named(param.substr(0, plus));
+  const DLDataType gdt = plus == std::string::npos ? dt : dtype_named(param.substr(plus + 1));
+  const size_t elem = dt.bits / 8, grad_elem = gdt.bits / 8;
+  std::vector<uint8_t> p(size_t(n) * elem), g(size_t(n) * grad_elem);
   fill(p, dt, 0.1f, 1);
-  fill(g, dt, 0.01f, 2);
+  fill(g, gdt, 0.01f, 2);
   lbopt_optimizer_config cfg;
   lbopt_optimizer_config_init(&cfg, sizeof cfg, optimizer);
   cfg.state_kind = lbopt_state_kind(kind);
@@ -210,7 +222,7 @@ Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& pa
   std::vector<std::vector<uint8_t>> codes(n_states, std::vector<uint8_t>(size_t(l.codes_bytes)));
   std::vector<std::vector<float>> scales(n_states, std::vector<float>(size_t(std::max<int64_t>(sn, 1))));
   std::vector<DLTensor> tc(n_states), ts(n_states);
-  DLTensor tp = view(p.data(), &n, dt), tg = view(g.data(), &n, dt);
+  DLTensor tp = view(p.data(), &n, dt), tg = view(g.data(), &n, gdt);
   const bool plain = kind == LBOPT_STATE_FP32;
   lbopt_slot slot{sizeof slot, &tp, &tg, {}, 1};
   for (size_t k = 0; k < n_states; ++k) {
@@ -229,10 +241,10 @@ Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& pa
   };
   one();  // first touch and non-trivial states
   const double t = best_of(reps, one);
-  const double bytes = double(n) * (3.0 * double(elem)) + double(n_states) * (2.0 * double(l.codes_bytes) +
-                                                                               8.0 * double(sn));
+  const double bytes = double(n) * double(2 * elem + grad_elem) +
+                       double(n_states) * (2.0 * double(l.codes_bytes) + 8.0 * double(sn));
   Row r{amsgrad ? "amsgrad" : lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)),
-        elem == 2 ? param : "fp32", n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
+        param, n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
   r.roof = roofline(team, size_t(bytes), reps);
   return r;
 }
