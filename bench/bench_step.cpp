@@ -24,6 +24,7 @@
 
 #include <hwy/targets.h>
 
+#include "kernels/dtype_convert.h"
 #include "lbopt.h"
 
 namespace {
@@ -143,15 +144,6 @@ DLTensor view(void* data, int64_t* shape, DLDataType dt) {
   return t;
 }
 
-// A float16 near f (truncated; 0 below the normal range): benchmark data only.
-uint16_t half_bits(float f) {
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  const uint32_t sign = (b >> 16) & 0x8000u;
-  const int e = int((b >> 23) & 0xffu) - 127 + 15;
-  return e <= 0 ? uint16_t(sign) : uint16_t(sign | uint32_t(e) << 10 | ((b >> 13) & 0x3ffu));
-}
-
 // Normal-ish values (sum of uniforms) from a fast LCG, in the param dtype dt, so codes and scales vary.
 void fill(std::vector<uint8_t>& buf, DLDataType dt, float sigma, uint64_t seed) {
   const size_t elem = dt.bits / 8, n = buf.size() / elem;
@@ -166,7 +158,7 @@ void fill(std::vector<uint8_t>& buf, DLDataType dt, float sigma, uint64_t seed) 
     uint32_t bits;
     memcpy(&bits, &f, 4);
     if (elem == 2) {
-      const uint16_t h = dt.code == kDLBfloat ? uint16_t(bits >> 16) : half_bits(f);
+      const uint16_t h = dt.code == kDLBfloat ? uint16_t(bits >> 16) : lbopt::float_to_f16(f);
       memcpy(&buf[i * 2], &h, 2);
     } else {
       memcpy(&buf[i * 4], &f, 4);

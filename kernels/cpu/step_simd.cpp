@@ -513,8 +513,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   void* const param = slot.param;
   const void* const grad = slot.grad;
   // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
-  // elements on of its streams (param, grad, the states of the fp32 kind; with bf16 params and grads, theirs every
-  // other vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the
+  // elements on of its streams (param, grad, the states of the fp32 kind; a 16-bit param or grad stream every other
+  // vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the
   // step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on 2;
   // GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched the codes,
   // which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines than the L1 has fill
@@ -643,7 +643,6 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     // two vectors a round: the 4-bit encode packs codes in pairs of vectors
     const auto update_vec = [&](int64_t i, auto odd, auto encode) HWY_ATTR {
       if (kPrefetch) {  // one line each per vector: at up to 16 lanes, every line of a stream is touched
-        // a 2-byte stream every other vector
         if (kParamBytes == 4 || !decltype(odd)::value)
           __builtin_prefetch(static_cast<char*>(param) + (ahead + i) * kParamBytes, 1);
         if (kGradBytes == 4 || !decltype(odd)::value)
