@@ -7,8 +7,13 @@
     updates, state = tx.update(grads, state, params)      # inside jax.jit: the lr is a device scalar
     params = optax.apply_updates(params, updates)
 
-lbopt.jax.adamw_apply(...) returns the fused form, new params themselves (bit-identical to lbopt.functional),
-instead of optax's updates (new minus old params, rounded in the params' dtype).
+adamw, adam, sgd, lion and ademamix take optax's arguments with optax's defaults (optax.contrib.ademamix for
+ademamix), then lbopt's own keyword-only ones (state_kind, min_quant_size). Their state is an OptimizerState of
+plain arrays shaped like the params, so flax.nnx.Optimizer and flax's TrainState hold it as they hold optax's.
+A hyper-parameter given as a Python number is an attribute of the custom call (an exact double); one given as a
+jax array, a tracer (optax.inject_hyperparams) or a schedule is a scalar argument of the call, so changing it
+never recompiles. lbopt.jax.adamw_apply(...) returns the fused form, new params themselves (bit-identical to
+lbopt.functional), instead of optax's updates (new minus old params, rounded in the params' dtype).
 
 The custom call target "lbopt_invoke" is the generic handler of bindings/jax/lbopt_jax_ffi.cc, built where jax
 is importable (Meson option -Djax); it is found at $LBOPT_JAX_FFI, next to the package, or next to the C library.
@@ -17,6 +22,7 @@ arguments aliased to its results, so XLA writes them in place; donate the state 
 (jax.jit(step, donate_argnums=...)) and no state is copied from step to step.
 """
 import ctypes
+import inspect
 import os
 import pathlib
 from typing import Any, NamedTuple
@@ -28,10 +34,11 @@ import numpy as np
 from . import _abi
 from .functional import KINDS, state_layout
 
-__all__ = ["invoke", "adamw", "adamw_apply", "AdamWState", "Moment"]
+__all__ = ["invoke", "adamw", "adam", "adamw_apply", "sgd", "lion", "ademamix", "OptimizerState"]
 
 TARGET = "lbopt_invoke"
 _FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+_SCALAR_DTYPES = _FLOAT_DTYPES + (jnp.float64,)  # what the handler reads a scalar argument from
 
 
 def _handler_path():
@@ -52,7 +59,7 @@ jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(_HANDLER.LbOptInvoke), pla
 
 
 class _Op:
-    """A registry operator's tensor roles and attribute types."""
+    """A registry operator's tensor names and roles and attribute types."""
 
     def __init__(self, name):
         ops = (_abi.lib.lbopt_op_schema(i).contents for i in range(_abi.lib.lbopt_op_count()))
@@ -60,6 +67,7 @@ class _Op:
         if op is None:
             raise ValueError(f"lbopt.jax: no lbopt operator is named {name!r}")
         self.name = name
+        self.tensors = [op.tensors[k].name.decode() for k in range(op.n_tensors)]
         self.roles = [op.tensors[k].role for k in range(op.n_tensors)]
         self.attr_types = {op.attrs[k].name.decode(): op.attrs[k].type for k in range(op.n_attrs)}
 
@@ -68,11 +76,29 @@ _OPS = {}
 _CASTS = {_abi.ATTR_DOUBLE: np.float64, _abi.ATTR_INT64: np.int64, _abi.ATTR_BOOL: bool, _abi.ATTR_STRING: str}
 
 
+def _op(name):
+    return _OPS.get(name) or _OPS.setdefault(name, _Op(name))
+
+
+def _scalar_argument(op, key, value):
+    """A hyper-parameter given as a jax array or tracer: a one-element float argument of the call."""
+    if op.attr_types[key] == _abi.ATTR_STRING:
+        raise ValueError(f"lbopt.jax: {op.name} attribute {key!r} is a string, not an array")
+    if value.size != 1:
+        raise ValueError(f"lbopt.jax: {op.name} attribute {key!r} must be one number, not an array of shape "
+                         f"{value.shape}")
+    if not any(value.dtype == d for d in _SCALAR_DTYPES):
+        value = value.astype(jnp.float32)
+    return value.reshape(())
+
+
 def invoke(name, tensors, **attrs):
     """Run registry operator `name` on JAX arrays: tensors in the registry's order (None where absent; for a
-    tensor the operator only writes, an array of its shape and dtype). Returns the new values of the tensors it
-    writes (inout, then out, in registry order). Works under jax.jit."""
-    op = _OPS.get(name) or _OPS.setdefault(name, _Op(name))
+    tensor the operator only writes, an array of its shape and dtype). Attributes are Python values, or jax arrays
+    (tracers included) of one element, which become arguments of the call: a jitted function recompiles for none
+    of their values. Returns the new values of the tensors it writes (inout, then out, in registry order). Works
+    under jax.jit."""
+    op = _op(name)
     if len(tensors) != len(op.roles):
         raise ValueError(f"lbopt.jax: {name} takes {len(op.roles)} tensors, not {len(tensors)}")
     args, results, aliases, present = [], [], {}, 0
@@ -89,119 +115,326 @@ def invoke(name, tensors, **attrs):
     for key in attrs:
         if key not in op.attr_types:
             raise ValueError(f"lbopt.jax: {name} has no attribute {key!r}")
-    typed = {k: _CASTS[op.attr_types[k]](v) for k, v in attrs.items()}
+    arrays = {k: v for k, v in attrs.items() if isinstance(v, jax.Array)}
+    typed = {k: _CASTS[op.attr_types[k]](v) for k, v in attrs.items() if k not in arrays}
+    if arrays:
+        typed["lbopt_scalars"] = ",".join(arrays)
+        args += [_scalar_argument(op, k, v) for k, v in arrays.items()]
     call = jax.ffi.ffi_call(TARGET, results, input_output_aliases=aliases)
     return call(*args, lbopt_op=name, lbopt_present=np.int64(present), **typed)
 
 
-# ---- AdamW / Adam as optax transformations -------------------------------------------------------------------
+def _invoke_named(name, named, attrs):
+    """invoke with the tensors by their registry names (absent ones left out); the written ones by name."""
+    op = _op(name)
+    outs = invoke(name, [named.get(t) for t in op.tensors], **attrs)
+    written = [t for t, role in zip(op.tensors, op.roles) if role != _abi.ROLE_IN and named.get(t) is not None]
+    return dict(zip(written, outs))
 
 
-class Moment(NamedTuple):
-    """One moment of one leaf's state: uint8 codes and float32 scales, or float32 values and None (fp32)."""
+# ---- optax transformations: one generic class, one state form ------------------------------------------------
+
+
+class OptimizerState(NamedTuple):
+    """The state of every lbopt.jax transformation. codes and scales map each state name of the library's
+    operator (adamw: 'm', 'v'; sgd: 'momentum_buffer'; lion: 'exp_avg'; ademamix: 'm1', 'm2', 'nu') to a tree of
+    the params' own structure, of plain arrays: uint8 codes and float32 scales, or for an fp32 state its float32
+    values and a zero-size float32 array (so flax.nnx and checkpointers see arrays only, no None)."""
+    count: Any   # float32 scalar: steps made (the step a call makes is count + 1)
     codes: Any
     scales: Any
 
 
-class AdamWState(NamedTuple):
-    count: Any   # float32 scalar: steps made (the step a call makes is count + 1)
-    m: Any       # a Moment per param leaf
-    v: Any
+def _traced(x):
+    return isinstance(x, jax.core.Tracer)
 
 
-def _is_moment(x):
-    return isinstance(x, Moment)
+def _at(value, count):
+    """A hyper-parameter's value at this step: a schedule's (a float32 array), else the value itself."""
+    return jnp.asarray(value(count), jnp.float32) if callable(value) else value
 
 
-def _leaf_kind(leaf, path, state_kind, min_quant_size):
+def _keystr(path):
+    return jax.tree_util.keystr(path)
+
+
+def _check_param(path, leaf):
     if not any(leaf.dtype == d for d in _FLOAT_DTYPES):
-        raise TypeError(f"lbopt.jax: param {jax.tree_util.keystr(path)} has dtype {leaf.dtype}; lbopt steps "
-                        f"float32, bfloat16 or float16 params")
-    return "fp32" if leaf.size < min_quant_size else state_kind
+        raise TypeError(f"lbopt.jax: param {_keystr(path)} has dtype {leaf.dtype}; lbopt steps float32, bfloat16 "
+                        f"or float16 params")
 
 
-def _zeros(kind, n):
-    """A fresh moment of one leaf."""
-    lay = state_layout(kind, n)
-    if kind == "fp32":
-        return Moment(jnp.zeros(lay["codes_numel"], jnp.float32), None)
-    return Moment(jnp.zeros(lay["codes_numel"], jnp.uint8), jnp.zeros(lay["scales_numel"], jnp.float32))
+class _Transformation:
+    """One lbopt optimizer family as optax transformations: `hyper` maps the operator's attribute names to Python
+    numbers or bools (attributes of the call, exact doubles), jax arrays or tracers (scalar arguments of the call,
+    so a changed value never recompiles) or schedules (evaluated at the state's count); `states` names the state
+    tensors the operator steps. nesterov: AdamW's Nesterov momentum, composed here (the kernels have none).
+    idle_states: the step leaves the states as they are and passes none (SGD with a momentum of 0, whose step the
+    library refuses states)."""
 
-
-class _AdamW:
-    def __init__(self, learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size):
+    def __init__(self, who, family, learning_rate, hyper, states, *, state_kind, min_quant_size, mask=None,
+                 nesterov=False, idle_states=False):
         if state_kind not in KINDS:
-            raise ValueError(f"lbopt.jax: unknown state kind {state_kind!r} (one of {', '.join(KINDS)})")
-        self.learning_rate = learning_rate
-        self.attrs = dict(beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay, adam=adam)
-        self.state_kind, self.min_quant_size = state_kind, min_quant_size
+            raise ValueError(f"{who}: unknown state_kind {state_kind!r} (one of {', '.join(KINDS)})")
+        self.who, self.family, self.states = who, family, states
+        self.learning_rate, self.hyper, self.mask, self.nesterov = learning_rate, hyper, mask, nesterov
+        self.state_kind, self.min_quant_size, self.idle_states = state_kind, min_quant_size, idle_states
+        names = _op(self._op_name(state_kind)).tensors
+        for s in states:
+            if f"{s}_codes" not in names or f"{s}_scales" not in names:
+                raise ValueError(f"{who}: the library's {family} operators have no state {s!r}")
 
-    def kinds(self, params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, leaf: _leaf_kind(leaf, path, self.state_kind, self.min_quant_size), params)
+    def _op_name(self, kind):
+        return f"lbopt.{self.family}_step_capturable.{kind}"
+
+    def optax(self):
+        import optax
+
+        return optax.GradientTransformationExtraArgs(self.init, self.update)
+
+    # -- init --------------------------------------------------------------------------------------------------
+
+    def _quant_threshold(self):
+        """min_quant_size as an int: read at init only, where it must be concrete."""
+        m = self.min_quant_size
+        if _traced(m):
+            raise ValueError(f"{self.who}: min_quant_size is traced where the state is made; it decides the state's "
+                             f"shapes, so pass a Python int (under optax.inject_hyperparams, name it in "
+                             f"static_args)")
+        try:
+            return int(m)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.who}: min_quant_size must be an int, not {m!r}") from None
 
     def init(self, params):
-        kinds = self.kinds(params)
-        m, v = (jax.tree_util.tree_map(lambda k, p: _zeros(k, p.size), kinds, params) for _ in range(2))
-        return AdamWState(jnp.zeros((), jnp.float32), m, v)  # buffers of their own: a jitted step may donate them
+        threshold = self._quant_threshold()
 
-    def _check_tree(self, params, grads, state):
-        ptree = jax.tree_util.tree_structure(params)
-        for what, tree, is_leaf in (("grads", grads, None), ("state.m", state.m, _is_moment),
-                                    ("state.v", state.v, _is_moment)):
-            n = jax.tree_util.tree_structure(tree, is_leaf=is_leaf).num_leaves
-            if n != ptree.num_leaves:
-                raise ValueError(f"lbopt.jax: {what} does not match the params' tree ({n} leaves, the params "
-                                 f"{ptree.num_leaves})")
+        def zeros(path, p, what):
+            _check_param(path, p)
+            kind = "fp32" if p.size < threshold else self.state_kind
+            lay = state_layout(kind, p.size)
+            if what == "codes":
+                return jnp.zeros(lay["codes_numel"], jnp.float32 if kind == "fp32" else jnp.uint8)
+            return jnp.zeros(0 if kind == "fp32" else lay["scales_numel"], jnp.float32)
+
+        # buffers of their own, one per leaf and state: a jitted step may donate them
+        tree = {what: {s: jax.tree_util.tree_map_with_path(lambda path, p: zeros(path, p, what), params)
+                       for s in self.states} for what in ("codes", "scales")}
+        return OptimizerState(jnp.zeros((), jnp.float32), tree["codes"], tree["scales"])
+
+    # -- checks of a state against the params ------------------------------------------------------------------
+
+    def _leaves(self, params, grads, state):
+        """The flat state per state name, each (codes, scales) leaves checked against the params' leaf count."""
+        n = len(jax.tree_util.tree_leaves(params))
+        checks = [("grads", grads)]
+        for what in ("codes", "scales"):
+            trees = getattr(state, what, None)
+            for s in self.states:
+                try:
+                    checks.append((f"state.{what}[{s!r}]", trees[s]))
+                except (KeyError, TypeError):
+                    raise ValueError(f"{self.who}: the state has no {what} of {s!r} (a state of another "
+                                     f"optimizer?)") from None
+        flat = {}
+        for what, tree in checks:
+            flat[what] = jax.tree_util.tree_leaves(tree)
+            if len(flat[what]) != n:
+                raise ValueError(f"{self.who}: {what} does not match the params' tree ({len(flat[what])} leaves, the "
+                                 f"params {n})")
+        return [{s: (flat[f"state.codes[{s!r}]"][i], flat[f"state.scales[{s!r}]"][i]) for s in self.states}
+                for i in range(n)], flat["grads"]
+
+    def _kind(self, path, p, leaf):
+        """A leaf's state kind, from its state: float32 codes are an fp32 state, uint8 codes of state_kind."""
+        dtypes = {c.dtype for c, _ in leaf.values()}
+        if not dtypes:
+            return "fp32"  # a stateless step: any operator of the family makes it
+        if dtypes not in ({jnp.dtype(jnp.float32)}, {jnp.dtype(jnp.uint8)}):
+            raise ValueError(f"{self.who}: the state of param {_keystr(path)} has codes of dtypes "
+                             f"{sorted(map(str, dtypes))}; codes are uint8, or float32 for an fp32 state")
+        kind = "fp32" if dtypes == {jnp.dtype(jnp.float32)} else self.state_kind
+        lay = state_layout(kind, p.size)
+        for s, (codes, scales) in leaf.items():
+            for what, arr, want in (("codes", codes, lay["codes_numel"]),
+                                    ("scales", scales, 0 if kind == "fp32" else lay["scales_numel"])):
+                if arr.size != want:
+                    raise ValueError(f"{self.who}: {what} of state.{what}[{s!r}] for param {_keystr(path)} have "
+                                     f"{arr.size} elements, a {kind} state of {p.size} elements needs {want}")
+        return kind
+
+    def _decays(self, params, n):
+        """Per leaf, whether weight decay applies: the mask (a tree of bools, or a prefix of the params' tree, or
+        a function of the params that gives one), as optax's add_decayed_weights reads it."""
+        if self.mask is None or "weight_decay" not in self.hyper:
+            return [True] * n
+        tree = self.mask(params) if callable(self.mask) else self.mask
+        try:
+            spread = jax.tree_util.tree_map(lambda m, sub: [m] * len(jax.tree_util.tree_leaves(sub)), tree, params)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{self.who}: mask does not match the params' tree: {e}") from None
+        flags = jax.tree_util.tree_leaves(spread)
+        if any(_traced(m) for m in flags):
+            raise ValueError(f"{self.who}: mask must hold Python bools, not traced values: it decides which "
+                             f"leaves decay when the step is traced")
+        return [bool(m) for m in flags]
+
+    # -- the step ----------------------------------------------------------------------------------------------
+
+    def _call(self, kind, p, g, leaf, lr, step, attrs):
+        """One fused step of one leaf: (new param, new {state: (codes, scales)})."""
+        named = {"param": p, "grad": g, "lr": lr, "step": step}
+        for s, (codes, scales) in () if self.idle_states else leaf.items():
+            named[f"{s}_codes"], named[f"{s}_scales"] = codes, None if kind == "fp32" else scales
+        out = _invoke_named(self._op_name(kind), named, attrs)
+        return out["param"], {s: (out.get(f"{s}_codes", c), out.get(f"{s}_scales", sc)) for s, (c, sc) in leaf.items()}
+
+    def _nesterov_call(self, kind, p, g, leaf, lr, step, attrs):
+        """AdamW with Nesterov momentum, as optax's: the update's m-part b1 m_t / (1 - b1^(t+1)) is the fused
+        step's with its lr scaled (and the decoupled decay's factor kept at lr * weight_decay); the g-part
+        (1 - b1) g / (1 - b1^t) is added here, over v_t as the step stored it (one decode of v more)."""
+        b1, b2, eps, wd = attrs["beta1"], attrs["beta2"], attrs["eps"], attrs["weight_decay"]
+        b1_32 = jnp.asarray(b1, jnp.float32)
+        bc_t = 1 - b1_32 ** step
+        lr_m = lr * b1_32 * bc_t / (1 - b1_32 ** (step + 1))
+        coupled = attrs["adam"]
+        no_decay = coupled or (isinstance(wd, (int, float)) and wd == 0)
+        scaled = attrs if no_decay else {**attrs, "weight_decay": wd * lr / lr_m}
+        p2, new = self._call(kind, p, g, leaf, lr_m, step, scaled)
+        v = _decode(kind, *new["v"], p.size, "v").reshape(p.shape)
+        g32 = g.astype(jnp.float32) + (wd * p.astype(jnp.float32) if coupled else 0)
+        denom = jnp.sqrt(v) / jnp.sqrt(1 - jnp.asarray(b2, jnp.float32) ** step) + eps
+        return (p2.astype(jnp.float32) - lr * (1 - b1_32) / bc_t * g32 / denom).astype(p.dtype), new
 
     def apply(self, params, grads, state):
         """(new params, new state): one fused step per leaf."""
-        self._check_tree(params, grads, state)
-        lr = self.learning_rate(state.count) if callable(self.learning_rate) else self.learning_rate
-        lr = jnp.asarray(lr, jnp.float32)
-        step = state.count + 1
-        with_paths, tree = jax.tree_util.tree_flatten_with_path(params)
-        flat_g, kinds = jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(self.kinds(params))
-        ms = jax.tree_util.tree_leaves(state.m, is_leaf=_is_moment)
-        vs = jax.tree_util.tree_leaves(state.v, is_leaf=_is_moment)
-        new_p, new_m, new_v = [], [], []
-        for (path, p), g, kind, (mc, msc), (vc, vsc) in zip(with_paths, flat_g, kinds, ms, vs):
-            n = state_layout(kind, p.size)["codes_numel"]
-            for what, codes in (("state.m", mc), ("state.v", vc)):
-                if codes.size != n:
-                    raise ValueError(f"lbopt.jax: codes of {what} for param {jax.tree_util.keystr(path)} have "
-                                     f"{codes.size} elements, a {kind} state of {p.size} elements needs {n}")
-            out = invoke(f"lbopt.adamw_step_capturable.{kind}", [p, g, mc, msc, vc, vsc, None, None, lr, step, None],
-                         **self.attrs)
-            p2, mc2, *rest = out
-            msc2, vc2, vsc2 = (None, rest[0], None) if kind == "fp32" else rest
+        leaves, flat_g = self._leaves(params, grads, state)
+        with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+        count = state.count
+        lr = jnp.asarray(_at(self.learning_rate, count), jnp.float32)
+        hyper = {k: _at(v, count) for k, v in self.hyper.items()}
+        step = count + 1
+        call = self._nesterov_call if self.nesterov else self._call
+        new_p, new_states = [], []
+        for (path, p), g, leaf, decays in zip(with_paths, flat_g, leaves, self._decays(params, len(leaves))):
+            _check_param(path, p)
+            attrs = hyper if decays else {**hyper, "weight_decay": 0.0}
+            p2, leaf2 = call(self._kind(path, p, leaf), p, g, leaf, lr, step, attrs)
             new_p.append(p2)
-            new_m.append(Moment(mc2, msc2))
-            new_v.append(Moment(vc2, vsc2))
-        unflat = tree.unflatten
-        return unflat(new_p), AdamWState(step, unflat(new_m), unflat(new_v))
+            new_states.append(leaf2)
+        trees = [{s: treedef.unflatten([st[s][j] for st in new_states]) for s in self.states} for j in (0, 1)]
+        return treedef.unflatten(new_p), OptimizerState(step, *trees)
 
-    def update(self, updates, state, params=None):
+    def update(self, updates, state, params=None, **extra_args):
+        del extra_args  # optax's extra arguments (a loss value, ...): no lbopt step reads them
         if params is None:
-            raise ValueError("lbopt.jax.adamw: update needs the params (optax passes them as the third argument)")
+            raise ValueError(f"{self.who}: update needs the params (optax passes them as the third argument)")
         new_params, state = self.apply(params, updates, state)
         return jax.tree_util.tree_map(lambda a, b: (a - b).astype(b.dtype), new_params, params), state
 
 
-def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2, *, state_kind="4bit", adam=False,
-          min_quant_size=4096):
-    """AdamW (or Adam with adam=True) with lbopt states as an optax GradientTransformation. learning_rate: a
-    float or an optax schedule (evaluated inside the jitted step: a device scalar, so a schedule never
-    recompiles). Leaves under min_quant_size keep fp32 states."""
-    import optax
-
-    t = _AdamW(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
-    return optax.GradientTransformation(t.init, t.update)
+def _decode(kind, codes, scales, n, moment):
+    if kind == "fp32":
+        return codes
+    return _invoke_named("lbopt.dequantize", {"codes": codes, "scales": scales,
+                                              "dst": jax.ShapeDtypeStruct((n,), jnp.float32)},
+                         {"kind": kind, "moment": moment})["dst"]
 
 
-def adamw_apply(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2, *, state_kind="4bit", adam=False,
-                min_quant_size=4096):
-    """The fused form: (init, apply) with apply(params, grads, state) -> (new params, new state), the params as
-    the library computes them (bit-identical to lbopt.functional for the same lr as float32)."""
-    t = _AdamW(learning_rate, b1, b2, eps, weight_decay, state_kind, adam, min_quant_size)
+def _refuse_unless(who, name, value, ok, why):
+    """A ValueError naming the argument when a concrete value lbopt cannot honour is given (a traced one, under
+    optax.inject_hyperparams, was checked when its concrete value made the state)."""
+    if value is not None and not _traced(value) and not ok(value):
+        raise ValueError(f"{who}: {name}={value!r} is not supported: {why}")
+
+
+def _float32_only(who, name, dtype):
+    _refuse_unless(who, name, dtype, lambda d: jnp.dtype(d) == jnp.float32,
+                   "lbopt keeps its states in state_kind ('fp32' for float32); leave it None")
+
+
+def _no_eps_root(who, eps_root):
+    _refuse_unless(who, "eps_root", eps_root, lambda e: float(e) == 0.0, "lbopt's kernels add eps outside the root")
+
+
+def _bind(f, args, kwargs):
+    bound = inspect.signature(f).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _adamw(who, learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nesterov, state_kind,
+           min_quant_size, adam):
+    _no_eps_root(who, eps_root)
+    _float32_only(who, "mu_dtype", mu_dtype)
+    hyper = dict(beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay, adam=adam)
+    return _Transformation(who, "adamw", learning_rate, hyper, ("m", "v"), state_kind=state_kind,
+                           min_quant_size=min_quant_size, mask=mask, nesterov=nesterov)
+
+
+def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, weight_decay=1e-4, mask=None, *,
+          nesterov=False, state_kind="4bit", min_quant_size=4096, adam=False):
+    """optax.adamw with lbopt states: optax's arguments and defaults (eps_root must be 0, mu_dtype None or
+    float32), then lbopt's own: state_kind ('4bit', '8bit', 'fp8', 'fp32'), min_quant_size (smaller leaves keep
+    fp32 states), adam (True: Adam, the decay coupled into the gradient). nesterov costs one decode of v per leaf
+    and step."""
+    return _adamw("lbopt.jax.adamw", **locals()).optax()
+
+
+def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *, nesterov=False,
+         state_kind="4bit", min_quant_size=4096):
+    """optax.adam with lbopt states: optax's arguments and defaults, then state_kind and min_quant_size as
+    adamw's."""
+    return _adamw("lbopt.jax.adam", **locals(), weight_decay=0.0, mask=None, adam=True).optax()
+
+
+def adamw_apply(*args, **kwargs):
+    """The fused form of adamw (the same arguments): (init, apply) with apply(params, grads, state) -> (new
+    params, new state), the params as the library computes them (bit-identical to lbopt.functional for the same
+    lr as float32), instead of optax's updates (new minus old params, rounded in the params' dtype)."""
+    t = _adamw("lbopt.jax.adamw_apply", **_bind(adamw, args, kwargs))
     return t.init, t.apply
+
+
+adamw_apply.__signature__ = inspect.signature(adamw)
+
+
+def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None, *, state_kind="4bit",
+        min_quant_size=4096):
+    """optax.sgd with lbopt states: optax's arguments and defaults (momentum a trace, as torch's SGD without
+    dampening; None keeps no state; accumulator_dtype None or float32), then state_kind and min_quant_size as
+    adamw's."""
+    who = "lbopt.jax.sgd"
+    _float32_only(who, "accumulator_dtype", accumulator_dtype)
+    # a momentum of 0 keeps its trace in the state, as optax's, but the step is plain SGD (Nesterov's included);
+    # one known only when the step runs (traced) must then be non-zero
+    zero = momentum is None or (not _traced(momentum) and float(momentum) == 0.0)
+    hyper = dict(momentum=0.0 if zero else momentum, dampening=0.0, weight_decay=0.0,
+                 nesterov=bool(nesterov) and not zero)
+    return _Transformation(who, "sgd", learning_rate, hyper, () if momentum is None else ("momentum_buffer",),
+                           state_kind=state_kind, min_quant_size=min_quant_size, idle_states=zero).optax()
+
+
+def lion(learning_rate, b1=0.9, b2=0.99, mu_dtype=None, weight_decay=1e-3, mask=None, *, state_kind="4bit",
+         min_quant_size=4096):
+    """optax.lion with lbopt states: optax's arguments and defaults (mu_dtype None or float32), then state_kind
+    and min_quant_size as adamw's."""
+    who = "lbopt.jax.lion"
+    _float32_only(who, "mu_dtype", mu_dtype)
+    hyper = dict(beta1=b1, beta2=b2, weight_decay=weight_decay)
+    return _Transformation(who, "lion", learning_rate, hyper, ("exp_avg",), state_kind=state_kind,
+                           min_quant_size=min_quant_size, mask=mask).optax()
+
+
+def ademamix(learning_rate, b1=0.9, b2=0.999, b3=0.9999, alpha=5.0, eps=1e-8, eps_root=0.0, mu_dtype=None,
+             weight_decay=0.0, mask=None, *, state_kind="4bit", min_quant_size=4096):
+    """optax.contrib.ademamix with lbopt states: optax's arguments and defaults (b3 and alpha may be schedules
+    of the step count, as there; eps_root must be 0, mu_dtype None or float32), then state_kind and
+    min_quant_size as adamw's."""
+    who = "lbopt.jax.ademamix"
+    _no_eps_root(who, eps_root)
+    _float32_only(who, "mu_dtype", mu_dtype)
+    hyper = dict(beta1=b1, beta2=b2, beta3=b3, alpha=alpha, eps=eps, weight_decay=weight_decay, t_alpha=0.0,
+                 t_beta3=0.0)  # optax's schedules take the place of the library's own warm-ups
+    return _Transformation(who, "ademamix", learning_rate, hyper, ("m1", "m2", "nu"), state_kind=state_kind,
+                           min_quant_size=min_quant_size, mask=mask).optax()
