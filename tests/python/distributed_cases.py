@@ -245,7 +245,7 @@ def tensor_parallel(rank, world):
 
 def dcp_save(rank, world, kinds, path, steps, more):
     """Per kind: train `steps`, save model and optimizer with DCP under path/<kind>, then train `more` without
-    the save (the reference a resumed run must reproduce)."""
+    the save (the reference a resumed run must reproduce). world None: a plain model (no FSDP)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -262,8 +262,8 @@ def dcp_save(rank, world, kinds, path, steps, more):
 
 
 def dcp_load(rank, world, kinds, path, steps, more):
-    """Per kind: a fresh model and optimizer on this mesh, loaded from path/<kind>, trained `more` from step
-    `steps`."""
+    """Per kind: a fresh model and optimizer on this mesh (world None: a plain model), loaded from path/<kind>,
+    trained `more` from step `steps`."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

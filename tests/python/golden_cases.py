@@ -8,7 +8,7 @@ writes, for the version of the library it runs against:
     (one process, no sharding), and the grads of steps 1-5;
   * sharded/<kind>/: a distributed checkpoint (torch.distributed.checkpoint) of the model and AdamW states
     saved under FSDP2 on 2 ranks after SAVED_AT steps (distributed_cases.dcp_save);
-  * expected.json: digests of the params after each continuation step, and the sharded runs' losses.
+  * expected.json: digests of the params after each step of the resumed runs, and the sharded runs' losses.
 A release adds its own folder when its format changes; the folders of earlier releases are never rewritten.
 """
 import copy
@@ -78,7 +78,22 @@ def digest(model):
     return h.hexdigest()
 
 
+def resume(entry, key, grads_by_step):
+    """A fresh model and optimizer loaded from a saved entry and stepped on: the digests of its params."""
+    model = Net()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(entry["params"][n])
+    name, kind = key.split("-")
+    opt = OPTIMIZERS[name](model.parameters(), kind)
+    opt.load_state_dict(entry["optim"])
+    return run(model, opt, grads_by_step, range(SAVED_AT + 1, SAVED_AT + MORE + 1))
+
+
 def write_plain(out):
+    """The entries, and as what every later version must reproduce the digests of their resumption here, which
+    equal those of the uninterrupted run where the states are row-major (the channels_last convolution's
+    quantized states are re-blocked into row-major order by a checkpoint since lbopt 0.4)."""
     model = Net()
     g = grads(model, SAVED_AT + MORE)
     entries, expected = {}, {}
@@ -88,9 +103,9 @@ def write_plain(out):
             opt = make(model.parameters(), kind)
             run(model, opt, g, range(1, SAVED_AT + 1))
             key = f"{name}-{kind}"
-            entries[key] = {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                            "optim": copy.deepcopy(opt.state_dict())}  # not the live tensors
-            expected[key] = run(model, opt, g, range(SAVED_AT + 1, SAVED_AT + MORE + 1))
+            entries[key] = copy.deepcopy({"params": {n: p.detach() for n, p in model.named_parameters()},
+                                          "optim": opt.state_dict()})  # not the live tensors
+            expected[key] = resume(entries[key], key, g)
     torch.save({"grads": g, "entries": entries}, out / "plain.pt")
     return expected
 

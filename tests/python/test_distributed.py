@@ -123,14 +123,28 @@ def test_tensor_parallel_fp32_states_match_one_process(tmp_path):
 SAVED_AT, MORE = 10, 10
 
 
+def run_on(world, case, out_dir, *args):
+    """case on `world` ranks, or with world None in this process on a plain model (no FSDP), one thread as each
+    rank."""
+    if world is not None:
+        return cases.run(case, world, out_dir, *args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [case(0, None, *args)]
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """Saved with DCP on 2 ranks and on 1 (each with its uninterrupted continuation), loaded on 2 and on 1."""
+    """Saved with DCP on 2 ranks, on 1 and by a plain model (each with its uninterrupted continuation), loaded
+    on 2 ranks, on 1 and into a plain model."""
     out = {}
-    for saved_on, loaded_on in ((2, 2), (2, 1), (1, 2)):
+    for saved_on, loaded_on in ((2, 2), (2, 1), (1, 2), (2, None), (None, 2)):
         path = tmp_path_factory.mktemp(f"dcp{saved_on}")
-        ref = cases.run(cases.dcp_save, saved_on, path, KINDS, str(path), SAVED_AT, MORE)
-        got = cases.run(cases.dcp_load, loaded_on, tmp_path_factory.mktemp("load"), KINDS, str(path), SAVED_AT, MORE)
+        ref = run_on(saved_on, cases.dcp_save, path, KINDS, str(path), SAVED_AT, MORE)
+        got = run_on(loaded_on, cases.dcp_load, tmp_path_factory.mktemp("load"), KINDS, str(path), SAVED_AT, MORE)
         out[saved_on, loaded_on] = ref[0], got
     return out
 
@@ -145,11 +159,12 @@ def test_dcp_same_world_size_resumes_bit_identically(checkpoints, kind):
             assert torch.equal(rank[kind]["params"][name], p), name
 
 
-@pytest.mark.parametrize("saved_on,loaded_on", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("saved_on,loaded_on", [(2, 1), (1, 2), (2, None), (None, 2)])
 @pytest.mark.parametrize("kind", KINDS)
-def test_dcp_reshards_to_another_world_size(checkpoints, kind, saved_on, loaded_on):
+def test_dcp_reshards_to_another_world_size_or_a_plain_model(checkpoints, kind, saved_on, loaded_on):
     """fp32 states reshard exactly (the continuation equals the uninterrupted run); quantized ones are
-    re-blocked on each rank's new shard, and the continuation stays within 0.5% of the loss."""
+    re-blocked on each rank's new shard, and the continuation stays within 0.5% of the loss. A plain model (None:
+    one process, no FSDP) saves and loads the same checkpoint layout as a sharded one, in both directions."""
     ref, got = checkpoints[saved_on, loaded_on]
     want = torch.tensor(ref[kind]["losses"])
     for rank in got:

@@ -9,6 +9,8 @@ nothing. All tensors of a param group (per device and state kind) go to the libr
     opt = AdamW4bit(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=1000)
 """
+import collections
+import contextlib
 import ctypes
 import math
 import numbers
@@ -17,7 +19,7 @@ import re
 
 import torch
 
-from . import _abi, _import, _sharded
+from . import _abi, _checkpoint, _import
 from ._dlpack import View
 from .functional import KINDS, kind_id
 
@@ -66,7 +68,7 @@ def _local(t, p, name):
     fully_shard, tensor parallel). Shard and Replicate placements are served: each rank steps its shard (a
     replicated param steps identically everywhere). A Partial placement holds unreduced values, which no
     elementwise step can serve."""
-    if type(t) in _PLAIN or not _sharded.is_dtensor(t):  # the first test is the common case, and cheap
+    if type(t) in _PLAIN or not _checkpoint.is_dtensor(t):  # the first test is the common case, and cheap
         return t
     for placement in t.placements:
         if not (placement.is_shard() or placement.is_replicate()):
@@ -278,6 +280,7 @@ class _LowBit(torch.optim.Optimizer):
         self._slots = {}  # id(param) -> _ParamSlot (the slot's views hold the param)
         self._calls = {}  # (id(group), (device, kind)) -> _Call
         for group in self.param_groups:
+            self._check_unique(group)
             self._validate_group(group)
 
     def _fields(self, group):
@@ -325,10 +328,20 @@ class _LowBit(torch.optim.Optimizer):
         cfg = self._config(group, _abi.STATE_FP32)
         _abi.check(_abi.lib.lbopt_optimizer_config_validate(ctypes.byref(cfg), _lr(group)))
 
+    @staticmethod
+    def _check_unique(group):
+        seen = set()
+        names = group.get("param_names") or [None] * len(group["params"])
+        for p, name in zip(group["params"], names):
+            if id(p) in seen:  # torch.optim warns and steps it twice; one call cannot write a param twice
+                raise ValueError(f"lbopt: duplicate param: {_what(p, name)} appears twice in a param group")
+            seen.add(id(p))
+
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         if hasattr(self, "_slots"):  # groups given to __init__ are validated there, once all attributes exist
             try:
+                self._check_unique(self.param_groups[-1])
                 self._validate_group(self.param_groups[-1])
             except Exception:
                 self.param_groups.pop()
@@ -439,11 +452,19 @@ class _LowBit(torch.optim.Optimizer):
     # ---- checkpoints -----------------------------------------------------------------------------------------
 
     def load_state_dict(self, state_dict):
-        """Loads states saved by state_dict() (plain tensors; map_location and weights_only=True work). Everything
-        is checked before anything changes: groups of other sizes, hyper-parameters the library refuses, a
-        state of another kind or size than this optimizer would create for its param, or a step count that is
-        not a whole number >= 0 are refused with ValueError or TypeError. The state tensors keep their dtypes
-        (torch's default would cast float32 scales to the param dtype) and move to their param's device."""
+        """Loads states saved by state_dict() of this or an earlier lbopt (plain tensors, or DTensors as
+        torch.distributed.checkpoint loads them; map_location and weights_only=True work), or by torch.optim,
+        torchao or bitsandbytes. Everything is checked before anything changes: groups of other sizes,
+        hyper-parameters the library refuses, a state of another kind or size than this optimizer would create
+        for its param, or a step count that is not a whole number >= 0 are refused with ValueError or TypeError.
+        The state tensors keep their dtypes (torch's default would cast float32 scales to the param dtype) and
+        move to their param's device. Load-state-dict hooks see the whole state dict before and the whole
+        state after, as torch.optim's do."""
+        state_dict = state_dict.copy()
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         groups = [{**self.defaults, **g} for g in state_dict["param_groups"]]  # e.g. torch.optim.AdamW's groups
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(own["params"]) for g, own in zip(groups, self.param_groups)):
@@ -456,47 +477,73 @@ class _LowBit(torch.optim.Optimizer):
             self._validate_group(merged)
             names = group.get("param_names") or [None] * len(group["params"])
             for pid, p, name in zip(saved_group["params"], group["params"], names):
-                if pid not in saved:
-                    continue
-                if _sharded.is_checkpoint(saved[pid]):
-                    loaded[p] = self._convert_sharded(p, merged, name, saved[pid])
-                    continue
-                if _import.is_foreign(saved[pid], [n for n, _ in self._states(merged)]):
-                    loaded[p] = self._convert_foreign(p, merged, name, saved[pid])
-                    continue
-                st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in saved[pid].items()}
-                self._check_loaded(p, merged, name, st)
-                loaded[p] = st
-        super().load_state_dict({"state": {}, "param_groups": groups})
+                if pid in saved:
+                    loaded[p] = self._loaded_state(p, merged, name, saved[pid])
+        with _hooks_held(self, "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks"):
+            super().load_state_dict({"state": {}, "param_groups": groups})
         for p, st in loaded.items():
             self.state[p] = st
         self._slots = {}
         self._calls = {}
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def _loaded_state(self, p, group, name, entry):
+        """The state of p from its saved entry, in any format load_state_dict reads."""
+        if _import.is_foreign(entry, [n for n, _ in self._states(group)]):
+            return self._convert_foreign(p, group, name, entry)
+        entry = _normalized(entry, _what(p, name))
+        if _checkpoint.is_checkpoint(entry, p):
+            return self._convert_checkpoint(p, group, name, entry)
+        st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in entry.items()}
+        self._check_loaded(p, group, name, st)
+        return st
 
     def state_dict(self):
-        """torch.optim.Optimizer's state_dict; the states of DTensor params in their sharded checkpoint form
-        (lbopt._sharded), which torch.distributed.checkpoint saves per rank and reshards at load."""
-        sd = super().state_dict()
+        """torch.optim.Optimizer's state_dict, each param's states in their checkpoint form (lbopt._checkpoint):
+        one layout whether the param is plain or a DTensor (FSDP2), which torch.distributed.checkpoint saves per
+        rank and reshards at load, and which holds only tensors, ints and dicts (flattened optimizer state dicts,
+        as torchtitan saves them, accept nothing else). State-dict hooks run as torch.optim's do, the post-hooks
+        on this final form."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        with _hooks_held(self, "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks"):
+            sd = super().state_dict()
         for pid, (p, group, name) in enumerate(self._params()):
-            if pid in sd["state"] and _sharded.is_dtensor(p):
-                sd["state"][pid] = _sharded.to_checkpoint(sd["state"][pid], p, _local(p, p, name),
-                                                          _what(p, name), [n for n, _ in self._states(group)])
+            if pid in sd["state"]:
+                sd["state"][pid] = self._checkpoint_entry(p, group, name, sd["state"][pid])
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            result = hook(self, sd)
+            if result is not None:
+                sd = result
         return sd
 
-    def _convert_sharded(self, p, group, name, entry):
-        """The local state of DTensor param p from its sharded checkpoint form, re-blocked where the checkpoint
-        was cut differently."""
+    def _checkpoint_entry(self, p, group, name, state):
+        """The checkpoint form of p's state. It is row-major whatever p's layout (a key for the memory order would
+        make the entries of differently laid out models differ, which distributed checkpoints refuse): states
+        kept in another order are re-laid out, exactly for fp32 states, re-blocked for quantized ones."""
+        t = _local(p, p, name)
+        names = self._states(group)
+        if _state_order(state, t) != tuple(range(t.dim())):
+            state = _relayout(state, t, tuple(range(t.dim())), names)
+        out = _checkpoint.to_checkpoint(state, p, t, _what(p, name), [n for n, _ in names])
+        out["state_kind"] = KINDS[state["state_kind"]]
+        return out
+
+    def _convert_checkpoint(self, p, group, name, entry):
+        """The state of p from its checkpoint form (row-major: the first step re-lays it out if p is not),
+        re-blocked where the checkpoint was cut differently."""
         what = _what(p, name)
         t = _local(p, p, name)
         st = self._init_state(p, group, name)
-        if entry.get("state_kind") != st["state_kind"]:
-            raise ValueError(f"lbopt: saved state kind {entry.get('state_kind')!r} does not match this optimizer's "
+        if entry["state_kind"] != st["state_kind"]:
+            raise ValueError(f"lbopt: saved state kind {entry['state_kind']!r} does not match this optimizer's "
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
-        for moment_name, moment, values in _sharded.from_checkpoint(entry, p, t, st, what, self._states(group),
-                                                                    _import.codebook):
-            _encode(st, moment_name, moment, values.contiguous(), what)
+        for moment_name, moment, values in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group),
+                                                                       _import.codebook):
+            _encode(st, moment_name, moment, values, what)
         return st
 
     def _convert_foreign(self, p, group, name, entry):
@@ -541,6 +588,36 @@ class _LowBit(torch.optim.Optimizer):
         st["step"] = _step_count(st.get("step"), what)
         t = _local(p, p, name)
         _set_order(st, _check_dim_order(_state_order(st, t), t))
+
+
+@contextlib.contextmanager
+def _hooks_held(opt, *attrs):
+    """torch.optim.Optimizer's hooks of the given kinds held back while the base class handles a partial state
+    dict; lbopt runs them itself on the whole one."""
+    held = {a: getattr(opt, a) for a in attrs}
+    for a in attrs:
+        setattr(opt, a, collections.OrderedDict())
+    try:
+        yield
+    finally:
+        for a, hooks in held.items():
+            setattr(opt, a, hooks)
+
+
+def _normalized(entry, what):
+    """A saved lbopt entry with its kind as a name, as lbopt keeps it in memory: checkpoints hold the kind as its
+    lbopt_state_kind value (lbopt 0.3 saved the name). A "dim_order" that is an empty dict is what unflattening
+    a checkpoint gives for a state kept in another memory order (torch.distributed.checkpoint rebuilds the keys
+    of the in-memory state), and the checkpoint form is row-major."""
+    out = dict(entry)
+    kind = out.get("state_kind")
+    if isinstance(kind, int) and not isinstance(kind, bool):
+        if kind not in _KIND_NAMES:
+            raise ValueError(f"lbopt: saved state kind {kind} of {what} is not one of {sorted(_KIND_NAMES)}")
+        out["state_kind"] = _KIND_NAMES[kind]
+    if out.get("dim_order") == {}:
+        del out["dim_order"]
+    return out
 
 
 def _real(x, name):
