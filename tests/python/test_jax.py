@@ -190,6 +190,10 @@ def no_bias(params):
     return jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key != "b", params)
 
 
+def warmup(count):
+    return 5e-3 * jnp.minimum(count, 2)  # a first step with lr 0
+
+
 def linear_b3(count):
     return 0.9 + 0.0225 * jnp.minimum(count, 4)
 
@@ -202,6 +206,7 @@ OPTAX_CASES = [
     ("adamw", dict(learning_rate=1e-2, weight_decay=0.1, mask=no_bias)),
     ("adamw", dict(learning_rate=1e-2, weight_decay=0.1, mask={"dense": False, "out": {"w": True, "b": False}},
                    nesterov=True)),
+    ("adamw", dict(learning_rate=warmup, b1=0.0, weight_decay=0.1, nesterov=True)),
     ("adam", dict(learning_rate=1e-2)),
     ("adam", dict(learning_rate=1e-2, nesterov=True)),
     ("sgd", dict(learning_rate=5e-2)),

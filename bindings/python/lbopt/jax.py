@@ -291,20 +291,23 @@ class _Transformation:
 
     def _nesterov_call(self, kind, p, g, leaf, lr, step, attrs):
         """AdamW with Nesterov momentum, as optax's: the update's m-part b1 m_t / (1 - b1^(t+1)) is the fused
-        step's with its lr scaled (and the decoupled decay's factor kept at lr * weight_decay); the g-part
-        (1 - b1) g / (1 - b1^t) is added here, over v_t as the step stored it (one decode of v more)."""
-        b1, b2, eps, wd = attrs["beta1"], attrs["beta2"], attrs["eps"], attrs["weight_decay"]
-        b1_32 = jnp.asarray(b1, jnp.float32)
-        bc_t = 1 - b1_32 ** step
-        lr_m = lr * b1_32 * bc_t / (1 - b1_32 ** (step + 1))
+        step's with its lr scaled to lr_m, the decoupled decay's factor kept at lr * weight_decay (by a weight
+        decay scaled by lr / lr_m, or here where lr_m is 0); the g-part (1 - b1) g / (1 - b1^t) is added here,
+        over v_t as the step stored it (one decode of v more)."""
+        b1, b2, eps, wd = (jnp.asarray(attrs[k], jnp.float32) for k in ("beta1", "beta2", "eps", "weight_decay"))
+        bc_t = 1 - b1 ** step
+        lr_m = lr * b1 * bc_t / (1 - b1 ** (step + 1))
         coupled = attrs["adam"]
-        no_decay = coupled or (isinstance(wd, (int, float)) and wd == 0)
-        scaled = attrs if no_decay else {**attrs, "weight_decay": wd * lr / lr_m}
+        carried = lr_m != 0
+        rest = 0.0 if coupled else jnp.where(carried, 0.0, lr * wd)  # decay the m-part's step cannot carry
+        wd_m = jnp.where(carried, lr * wd / jnp.where(carried, lr_m, 1), 0.0)
+        scaled = attrs if coupled else {**attrs, "weight_decay": wd_m}
         p2, new = self._call(kind, p, g, leaf, lr_m, step, scaled)
         v = _decode(kind, *new["v"], p.size, "v").reshape(p.shape)
-        g32 = g.astype(jnp.float32) + (wd * p.astype(jnp.float32) if coupled else 0)
-        denom = jnp.sqrt(v) / jnp.sqrt(1 - jnp.asarray(b2, jnp.float32) ** step) + eps
-        return (p2.astype(jnp.float32) - lr * (1 - b1_32) / bc_t * g32 / denom).astype(p.dtype), new
+        p32 = p.astype(jnp.float32)
+        g32 = g.astype(jnp.float32) + (wd * p32 if coupled else 0.0)
+        denom = jnp.sqrt(v) / jnp.sqrt(1 - b2 ** step) + eps
+        return (p2.astype(jnp.float32) - lr * (1 - b1) / bc_t * g32 / denom - rest * p32).astype(p.dtype), new
 
     def apply(self, params, grads, state):
         """(new params, new state): one fused step per leaf."""
