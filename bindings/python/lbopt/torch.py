@@ -502,8 +502,8 @@ class _LowBit(torch.optim.Optimizer):
     def state_dict(self):
         """torch.optim.Optimizer's state_dict, each param's states in their checkpoint form (lbopt._checkpoint):
         one layout whether the param is plain or a DTensor (FSDP2), which torch.distributed.checkpoint saves per
-        rank and reshards at load, and which holds only tensors, ints and dicts (flattened optimizer state dicts,
-        as torchtitan saves them, accept nothing else). State-dict hooks run as torch.optim's do, the post-hooks
+        rank and reshards at load, and which holds only tensors and ints (flattened optimizer state dicts, as
+        torchtitan saves them, accept nothing else). State-dict hooks run as torch.optim's do, the post-hooks
         on this final form."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
@@ -536,8 +536,8 @@ class _LowBit(torch.optim.Optimizer):
         what = _what(p, name)
         t = _local(p, p, name)
         st = self._init_state(p, group, name)
-        if entry["state_kind"] != st["state_kind"]:
-            raise ValueError(f"lbopt: saved state kind {entry['state_kind']!r} does not match this optimizer's "
+        if entry.get("state_kind") != st["state_kind"]:
+            raise ValueError(f"lbopt: saved state kind {entry.get('state_kind')!r} does not match this optimizer's "
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
