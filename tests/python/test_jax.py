@@ -194,6 +194,10 @@ def warmup(count):
     return 5e-3 * jnp.minimum(count, 2)  # a first step with lr 0
 
 
+def decay_ramp(count):
+    return 0.05 * jnp.minimum(count, 4)
+
+
 def linear_b3(count):
     return 0.9 + 0.0225 * jnp.minimum(count, 4)
 
@@ -213,6 +217,7 @@ OPTAX_CASES = [
     ("sgd", dict(learning_rate=5e-2, momentum=0.9)),
     ("sgd", dict(learning_rate=5e-2, momentum=0.9, nesterov=True)),
     ("lion", dict(learning_rate=1e-3, weight_decay=0.1, mask=no_bias)),
+    ("lion", dict(learning_rate=1e-3, weight_decay=decay_ramp, mask=no_bias)),
     ("ademamix", dict(learning_rate=1e-2, b3=0.99, weight_decay=0.1, mask=no_bias)),
     ("ademamix", dict(learning_rate=1e-2, b3=linear_b3, alpha=linear_alpha)),
 ]

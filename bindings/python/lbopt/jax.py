@@ -347,7 +347,13 @@ def _decode(kind, codes, scales, n, moment):
 def _refuse_unless(who, name, value, ok, why):
     """A ValueError naming the argument when a concrete value lbopt cannot honour is given (a traced one, under
     optax.inject_hyperparams, was checked when its concrete value made the state)."""
-    if value is not None and not _traced(value) and not ok(value):
+    if value is None or _traced(value):
+        return
+    try:
+        honoured = ok(value)
+    except (TypeError, ValueError):
+        honoured = False
+    if not honoured:
         raise ValueError(f"{who}: {name}={value!r} is not supported: {why}")
 
 
@@ -411,6 +417,7 @@ def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None, *,
     _float32_only(who, "accumulator_dtype", accumulator_dtype)
     # a momentum of 0 keeps its trace in the state, as optax's, but the step is plain SGD (Nesterov's included);
     # one known only when the step runs (traced) must then be non-zero
+    _refuse_unless(who, "momentum", momentum, lambda m: float(m) >= 0.0, "it must be a number >= 0 or None")
     zero = momentum is None or (not _traced(momentum) and float(momentum) == 0.0)
     hyper = dict(momentum=0.0 if zero else momentum, dampening=0.0, weight_decay=0.0,
                  nesterov=bool(nesterov) and not zero)
