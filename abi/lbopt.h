@@ -20,7 +20,7 @@
 /* ABI version. The major is the SONAME (liblbopt.so.<major>); symbols are never removed or changed within a
  * major, new ones are added in new version-script nodes. meson.build reads these macros. */
 #define LBOPT_VERSION_MAJOR 0
-#define LBOPT_VERSION_MINOR 3
+#define LBOPT_VERSION_MINOR 4
 #define LBOPT_VERSION_PATCH 0
 #define LBOPT_MAKE_VERSION(major, minor, patch) \
   ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor) << 8) | (uint32_t)(patch)))
