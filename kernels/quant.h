@@ -1,5 +1,6 @@
-// Per-value and per-block quantization of optimizer states (ALGORITHMS.md sections 1-3): how a float becomes a
-// code under a block scale and back. The CPU and CUDA backends differ only in how they loop and reduce.
+// Per-value and per-block quantization of optimizer states (docs/formats.md, "State kinds" and "Encoding and
+// decoding"): how a float becomes a code under a block scale and back. The CPU and CUDA backends differ only in
+// how they loop and reduce.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -86,11 +87,11 @@ struct StateCodec {
 
   // A block's scale as the encode takes it: scale is what the block stores; 8-bit encodes x * RN(1 / scale)
   // (as bitsandbytes' blockwise quantizer does), the reciprocal computed here once per block, and 4-bit and FP8
-  // x / scale (torchao's rounding). The division cost the 8-bit step on AVX-512 10-12% (GPT-2 small 75 -> 67 ms);
-  // the two differ by at most an ulp, which moves a code only for a y within an ulp of a midpoint (for scales below
-  // 2^126: above, the reciprocal is subnormal and keeps fewer bits, a few ulps). 4-bit (whose AVX-512 encode has no
-  // division: thresholds in x, codebook4-inl.h) and FP8 (5% faster with the product on fp32 params) stay under
-  // issue 17's 10% bar (docs/benchmarks.md, thirteenth pass).
+  // x / scale (torchao's rounding). The division cost the 8-bit step a divider-bound share of its time on
+  // AVX-512; the two differ by at most an ulp, which moves a code only for a y within an ulp of a midpoint (for
+  // scales below 2^126: above, the reciprocal is subnormal and keeps fewer bits, a few ulps). 4-bit (whose AVX-512
+  // encode has no division: thresholds in x, codebook4-inl.h) and FP8 gain too little from the product to leave
+  // torchao's rounding (docs/benchmarks.md, "CPU loop choices": 8-bit encode by a reciprocal).
   struct BlockScale {
     float scale;
     float inverse;  // 8-bit only

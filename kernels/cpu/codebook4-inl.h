@@ -252,14 +252,12 @@ HWY_INLINE hn::Vec<DI> SignOf(DI, hn::Vec<DI> c, hn::Vec<DI> bits) {
 // codebook_encode(kSigned4Mids, 16, y) per lane. With y >= 0 the code is 7 plus the count of positive midpoints
 // <= y; with y < 0 it is 7 minus the count of positive midpoints < |y| (ties go up), 0 at the least. The two
 // compares become one, a > bits(m) - 1 on a = the bits of |y| less one for y < 0; the top midpoint is compared
-// with y's bits as a signed integer, which a negative y never passes, so that 7 - c needs no clamp (20 -> 17
-// instructions with the division on AVX2, before the form below).
+// with y's bits as a signed integer, which a negative y never passes, so that 7 - c needs no clamp.
 //
 // On x86 256-bit vectors a byte shuffle reads the count of midpoints below y's bucket (kSignedByteBuckets) and one
-// compare with the next midpoint settles the code: 11 instructions with one permute, where the search takes 16
-// with two, each waiting on the last compare (AVX2 4-bit AdamW 1.372 -> 1.267 ns/elem in cache, 0.717 -> 0.660 at
-// 64M with 2 threads; docs/benchmarks.md, ninth pass). Its code for y < -mids[14] is -1, not 0: the AVX2 packer
-// saturates it to 0.
+// compare with the next midpoint settles the code: one permute, where the search takes two and more
+// instructions, each waiting on the last compare (docs/benchmarks.md, "CPU loop choices": signed 4-bit encode).
+// Its code for y < -mids[14] is -1, not 0: the AVX2 packer saturates it to 0.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -298,7 +296,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Signed(DF, hn::Vec<DF> y) {
 // clamp it to 0): a quotient by the block's scale never lies outside [-1, 1]. The count of midpoints (2 k + 3) / 32
 // <= y is floor(16 y - 0.5) clamped to 0..15; 16 y is exact, and 16 y - 0.5 too wherever the floor can exceed 0.
 // 16 y - 0.5 lies in [-0.5, 15.5] for y >= 0, where truncation gives the clamped floor: two instructions with no
-// clamps (AVX2's unsigned encode 8 -> 3 with the division).
+// clamps.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
   return encode4::TruncInRange(df, hn::MulAdd(hn::Set(df, 16.0f), y, hn::Set(df, -0.5f)));
@@ -311,8 +309,8 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> Encode4Linear(DF df, hn::Vec<DF> y) {
 // midpoints into thresholds on x itself, T_k = the least float x with RN(x / s) >= mids[k] (RN is monotonic), so
 // that the code of x / s is the count of T_k <= x. For both maps a candidate c whose code is c or c + 1 and one
 // compare with T_c give the code (code_signed, code_linear). T_k is the least float above h_k * s, from the exact
-// double product: per block a few double operations replace a division per element (AVX-512 4-bit AdamW 5-7%
-// faster at 16M-64M elements).
+// double product: per block a few double operations replace a division per element (docs/benchmarks.md, "CPU
+// loop choices": thresholds in x).
 struct Thresholds4 {
   hn::Vec<hn::ScalableTag<float>> table;  // T_k in lane k (unsigned map), in lane k + 1 and -inf in lane 0 (signed)
   float r;                                // RN(16 / s) for code_linear, RN(kBucketC / s) for code_signed
@@ -324,8 +322,7 @@ struct Thresholds4 {
     const lbopt::encode4::MidsInX& t = second ? lbopt::encode4::kUnsigned4InX : lbopt::encode4::kSigned4InX;
     const auto vs = hn::Set(dd, double(s));
     // The exact product h_k * s rounded toward +inf by the conversion itself: the least float above it, in one
-    // instruction where a round-to-nearest conversion, a compare and a step took six (per block and state: 4-bit
-    // AdamW 0.870 -> 0.827 ns/elem in cache, AdEMAMix 1.141 -> 1.060, AVX-512, 1 thread)
+    // instruction where a round-to-nearest conversion, a compare and a step take six (per block and state)
     const auto half = [&](int k0) HWY_ATTR {
       const __m512d prod = hn::Mul(hn::Load(dd, t.h + k0), vs).raw;
       return hn::Vec<hn::Half<decltype(df)>>{_mm512_cvt_roundpd_ps(prod, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)};
@@ -338,9 +335,7 @@ struct Thresholds4 {
   // kSignedBuckets) gives c = 7 + n for x >= 0 and 6 - n for x < 0, n the positive midpoints below the bucket:
   // the code is c or c + 1 (the bucket's midpoint, if any, decides), and lane c + 1 of the table, T_c (-inf for
   // c = -1), settles which: one permute and one compare where the binary search took four compares, three
-  // permutes and the copies of three masked adds (the update loop per 32 elements: AdamW 4-bit 147 -> 139
-  // instructions, 0.822 -> 0.783 ns/elem in cache; AdEMAMix, two signed states, 204 -> 182, 1.059 -> 1.032;
-  // docs/benchmarks.md, sixth pass).
+  // permutes and the copies of three masked adds (docs/benchmarks.md, "CPU loop choices": signed 4-bit encode).
   HWY_INLINE hn::Vec<hn::ScalableTag<int32_t>> code_signed(hn::Vec<hn::ScalableTag<float>> x) const {
     const hn::ScalableTag<float> df;
     const auto a = hn::MulAdd(hn::Abs(x), hn::Set(df, r), hn::Set(df, 0x1p-8f));

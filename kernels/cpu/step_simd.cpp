@@ -88,12 +88,9 @@ HWY_INLINE VU nibble_shifts() {
 }
 
 // table[code] per lane for the lanes' 8-bit codes at `bytes`. AVX2: eight scalar loads, with the code bytes read
-// from memory, joined by shuffles: on Zen 3, 9.0 cycles a vector against a gather's 11.7
-// (tools/insn_throughput.c), and 8-bit AdamW 3.07 -> 2.74 ns/elem in cache, 1.82 -> 1.40 at 64M with 2 threads
-// (docs/benchmarks.md, eighth pass). The 8-bit encode's bucket-table gather, whose indices are a vector result,
-// gained nothing that way (through memory) or lost 4-12% (through general registers). Other targets keep the
-// gather: on Intel's AVX-512 sixteen scalar loads take 1.3-1.5x a gather's time (docs/benchmarks.md, twelfth
-// pass).
+// from memory, joined by shuffles, which Zen 3 runs faster than a gather. The 8-bit encode's bucket-table gather,
+// whose indices are a vector result, gains nothing that way. Other targets keep the gather, which Intel's AVX-512
+// runs faster than sixteen scalar loads (docs/benchmarks.md, "CPU loop choices": 8-bit decode).
 HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   const auto pair = [&](int j) HWY_ATTR {
@@ -107,8 +104,8 @@ HWY_INLINE VF lookup256(const float* table, const uint8_t* bytes) {
 }
 
 // Whether decode_vec computes the unsigned 4-bit map's values (a second moment's, codec_for) rather than read them
-// from the scaled table: on AVX2, where a 16-entry table costs two permutes and a blend (4-bit AdamW 0.646 -> 0.625
-// ns/elem at 64M with 2 threads, AdEMAMix 0.958 -> 0.907; docs/benchmarks.md, ninth pass).
+// from the scaled table: on AVX2, where a 16-entry table costs two permutes and a blend (docs/benchmarks.md, "CPU
+// loop choices": unsigned 4-bit decode).
 constexpr bool kLinearDecode4 = HWY_TARGET == HWY_AVX2;
 
 // The codes of elements i .. i + lanes - 1 of a block (codes: the block's first byte), decoded and scaled.
@@ -123,8 +120,8 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
   if (kKind == kState4Bit) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
     // x86: the lanes / 2 bytes broadcast to every 128-bit block (the load does it), a byte shuffle gives lane j
-    // byte j / 2, the shift brings its nibble down, and lookup16 reads only the low 4 bits (AVX2 4-bit AdamW 1.70
-    // -> 1.60 ns/elem in cache, AdEMAMix 2.42 -> 2.22)
+    // byte j / 2, the shift brings its nibble down, and lookup16 reads only the low 4 bits: fewer instructions than
+    // the generic unpack (docs/benchmarks.md, "CPU loop choices": 4-bit decode)
     using Raw = hn::Repartition<std::conditional_t<kMaxLanes >= 16, uint64_t, uint32_t>, DU>;
     typename hn::TFromD<Raw> raw;
     memcpy(&raw, codes + i / 2, sizeof raw);
@@ -149,7 +146,7 @@ HWY_INLINE VF decode_vec(const SimdCodec& sc, const uint8_t* codes, int64_t i, V
     const auto code = hn::PromoteTo(du, hn::LoadU(DU8(), codes + i));
     // e4m3's exponent and mantissa bits moved to float's place and rebiased by an integer add give the normal
     // values; the subnormals (exponent 0) are m * 2^-9. No float operand is subnormal: on x86 each one costs a
-    // microcode assist (this decode had one per small v code: FP8 AdamW 2.2 -> 1.6 ns/elem on AVX-512).
+    // microcode assist, one per small v code (docs/benchmarks.md, "CPU loop choices": FP8 decode).
     const auto bits = hn::And(code, hn::Set(du, 0x7fu));
     const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(bits), hn::Set(du, 120u << 23)));
     const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(DI(), bits)), hn::Set(df, 0x1p-9f));
@@ -176,9 +173,8 @@ HWY_INLINE const uint8_t* block_codes(StateRef st, int64_t start) {
 // Requantizes block b of a state from x (finite values) with the block's absmax, a vector at a time, so that the
 // step can run a block's encode inside the next block's update loop (see step_blocks). No map needs the generic
 // search: the 8-bit codes come from one table read on the float's top bits and one compare (codebook8_arith.h;
-// 8-bit AdamW 3.3 -> 2.2 ns/elem on AVX-512 with a first, piecewise-linear form, 1.61 -> 1.37 in cache with the
-// bucket table), the 4-bit ones from a fold of the signed map or the linear unsigned map, or thresholds in x
-// on AVX-512 (codebook4-inl.h).
+// docs/benchmarks.md, "CPU loop choices": 8-bit encode), the 4-bit ones from a fold of the signed map or the
+// linear unsigned map, or thresholds in x on AVX-512 (codebook4-inl.h).
 template <int kKind>
 class BlockEncoder {
  public:
@@ -335,8 +331,8 @@ HWY_INLINE void store_param(Dtype dt, void* p, int64_t i, VF x, const VU* random
   const DU du;
   if (dt == kFloat32) return hn::StoreU(x, df, static_cast<float*>(p) + i);
   // float16: the hardware conversion's result as it is where no lane is NaN (whose payload it keeps, where
-  // float_to_f16 gives the sign and 0x7e00), the common case: float16 params 0.53-0.97x in cache on AVX-512 with the
-  // float16 loops below, the store alone 0.81-0.95x (docs/benchmarks.md, fourteenth pass)
+  // float_to_f16 gives the sign and 0x7e00), the common case, with no widening and narrowing around it
+  // (docs/benchmarks.md, "CPU loop choices": float16 store)
   if (dt == kFloat16 && hn::AllFalse(df, hn::IsNaN(x)))
     return hn::StoreU(hn::DemoteTo(DF16(), x), DF16(), static_cast<hwy::float16_t*>(p) + i);
   const auto b = hn::BitCast(du, x);
@@ -370,8 +366,8 @@ enum class ParamRound { kNearest, kStochastic, kConvert };
 // float_to_bf16 of a whole vector by AVX512_BF16's vcvtneps2bf16, where the CPU has it (cpu_has_bf16_convert):
 // the instruction rounds to nearest even and quiets NaN as float_to_bf16 does, for every float but the subnormals,
 // which it flushes to zero (checked over all 2^32 floats); a vector holding one returns false and takes
-// store_param's integer rounding. Five instructions where that takes about ten: bf16 params 0.86-0.99x in cache
-// for the 4-bit step, 0.76-0.98x for fp32 states, 0.88-1.00x at 64M (docs/benchmarks.md, fourteenth pass).
+// store_param's integer rounding. Half the instructions of that rounding (docs/benchmarks.md, "CPU loop
+// choices": bf16 store).
 // Highway 1.0.3 has no target with AVX512_BF16 and its intrinsic needs that target's flag, so the instruction is
 // written in assembly.
 HWY_INLINE bool store_bf16_convert(void* p, int64_t i, VF x) {
@@ -386,8 +382,8 @@ HWY_INLINE bool store_bf16_convert(void* p, int64_t i, VF x) {
 #endif
 
 // store_param of elements e .. e + lanes - 1, rounded as `round` says (a function, not a lambda of the step: in
-// one, its captures were reloaded after every code byte store, which may alias them; 8-bit SGD with bf16 params
-// 20% slower).
+// one, its captures were reloaded after every code byte store, which may alias them; docs/benchmarks.md, "CPU
+// loop choices": param store).
 HWY_INLINE void store_param_at(Dtype dt, void* p, int64_t e, VF x, ParamRound round, uint64_t seed, uint64_t step) {
   if (round == ParamRound::kStochastic) {
     const VU random = random_bits_vec(seed, step, e);
@@ -458,14 +454,11 @@ constexpr int64_t kPrefetchAhead = 1024;
 
 // What an instantiation of step_blocks fixes at compile time: the dtype of param and grad and the state count, or
 // -1 for "read from the slot". fp32 params with fp32 grads, the common case, get loops of their own: with no
-// dtype or state-count branch left in the vector loop, the compiler keeps its constants in registers (4-bit AdamW
-// 1.18 -> 1.08 ns/elem in cache, AVX-512). A gradient factor of 1 (no grad_scale, no maximize) gets loops of its
-// own too: a compile-time flag inside one function gained nothing (its other loop copies cost registers), a
-// function of its own 0.827 -> 0.79. bf16 params with bf16 grads get loops of their own as well: on AVX-512 they
-// had gained nothing measurable (1.39 ns/elem both), on Zen 3's AVX2 5-19% (4-bit AdamW 1.581 -> 1.372 ns/elem
-// in cache; docs/benchmarks.md, tenth pass). So do float16 params with float16 grads (model.half()): in the
-// general loops, without the prefetch, they ran up to 3.3x slower (4-bit AdamW at 64M with 2 threads 0.782 -> 0.357
-// ns/elem, SGD 0.672 -> 0.204, AVX-512, with the store below; docs/benchmarks.md, fourteenth pass).
+// dtype or state-count branch left in the vector loop, the compiler keeps its constants in registers. A gradient
+// factor of 1 (no grad_scale, no maximize) gets loops of its own too: a compile-time flag inside one function
+// gained nothing (its other loop copies cost registers). bf16 params with bf16 grads (faster on Zen 3's AVX2) and
+// float16 params with float16 grads (model.half(), far slower in the general loops, which have no prefetch) get
+// loops of their own as well (docs/benchmarks.md, "CPU loop choices": shaped loops).
 // The sanitizer builds compile the general loops alone (the same code without the constants): the shaped ones
 // quadrupled their compile time.
 #undef LBOPT_SHAPED_LOOPS
@@ -495,9 +488,9 @@ HWY_INLINE void fix(Scalars& s, Fixed<kFlag, kValue>) {
 }
 
 // The step over whole blocks [b0, b1) of a slot, with the flags in Fixes assigned the constant values the slot
-// has (step_fixing picks the instantiation): no branch on them is left in the vector loop (AVX2 4-bit AdamW 1.60
-// -> 1.48 ns/elem at 16M, FP8 2.22 -> 2.04; AVX-512 within 2%). Only the shaped loops get these copies: each flag
-// doubles their compile time.
+// has (step_fixing picks the instantiation): no branch on them is left in the vector loop (docs/benchmarks.md,
+// "CPU loop choices": flags compiled out). Only the shaped loops get these copies: each flag doubles their compile
+// time.
 template <class Opt, int kKind, class S, class... Fixes>
 int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   typename Opt::Scalars s = slot.scalars.template get<Opt>();
@@ -515,13 +508,10 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // Software prefetch, in the shaped loops: each vector of the update loop prefetches the lines kPrefetchAhead
   // elements on of its streams (param, grad, the states of the fp32 kind; a 16-bit param or grad stream every other
   // vector); the hardware prefetchers keep up with the code streams. At 16M-64M elements they alone leave the
-  // step waiting on memory (AVX-512 4-bit AdamW 1.049 -> 0.855 ns/elem at 16M on 1 thread, 0.497 -> 0.436 at 64M on 2;
-  // GPT-2 small 1.25-1.27x -> 1.48-1.50x torch's fused step; measured on a first form that also prefetched the codes,
-  // which the 4-bit step runs within 2% of). A block's lines all at once did less (more lines than the L1 has fill
-  // buffers), and so did prefetching the codes too (8-bit 4-7% slower, the others within 2%); the general loops, whose
-  // sizes are read at run time, ran bf16 params 5-6% slower with it (docs/benchmarks.md, fifth pass). No loop here
-  // holds only prefetches: GCC deletes such a loop (C++ lets it assume that a loop without side effects ends,
-  // -ffinite-loops), which is how an earlier prefetch never ran.
+  // step waiting on memory. A block's lines all at once did less (more lines than the L1 has fill buffers), and so
+  // did prefetching the codes too; the general loops, whose sizes are read at run time, run slower with it
+  // (docs/benchmarks.md, "CPU loop choices": prefetch). No loop here holds only prefetches: GCC deletes such a
+  // loop (C++ lets it assume that a loop without side effects ends, -ffinite-loops), and its prefetch never runs.
   constexpr bool kPrefetch = S::dtype >= 0;
   constexpr int64_t kParamBytes = S::dtype == kFloat32 ? 4 : 2, kGradBytes = S::grad_dtype == kFloat32 ? 4 : 2;
   StateRef st[kMaxStates];
@@ -536,22 +526,14 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   const int64_t n = int64_t(hn::Lanes(df));
   // Quantized states on x86: block b's values go to buf[b % 2], and the encode of block b - 1 (from the other
   // half) runs vector by vector in block b's update loop. An update there is bound by its divider (square root
-  // and divisions), an encode by integer and permute work: interleaved, one fills the other's idle units (AVX-512
-  // 4-bit AdamW 1.46 -> 1.28 ns/elem, 8-bit 2.2 -> 1.85 at 16M, 1 thread; AdEMAMix 8-bit 2.17 -> 2.04, FP8 2.03
-  // -> 1.80). AVX2 has 16 vector registers, and on a real AVX2 host (Zen 3) only the 8-bit step with one or two
-  // states gains (AdamW 1.434 -> 1.388 ns/elem at 64M with 2 threads, SGD 0.813 -> 0.687: the gathers' latency
-  // hidden); every other loop runs faster with each block encoded right after its update (pipelined, 4-bit AdamW
-  // took 1.601 ns/elem in cache against 1.367, and 0.842 against 0.704 at 64M with 2 threads; FP8 1.062 against
-  // 0.965; AdEMAMix 4-bit 1.190 against 1.076; docs/benchmarks.md, eighth pass). Intel restricted to AVX2 had
-  // measured gains for all kinds (1.465 -> 1.382 in cache for 4-bit AdamW), but AVX2 code runs only on CPUs
-  // without AVX-512. With the update in two passes (kTwoPass below), 8-bit AdamW too runs faster unpipelined
-  // (2.713 -> 2.497 ns/elem in cache, 1.377 -> 1.306 at 64M with 2 threads; docs/benchmarks.md, tenth pass), so
-  // only the one-state 8-bit loops stay pipelined there. On AVX-512 (Intel) a two-pass update unpipelined wins
-  // with bf16 params (4-bit AdamW 0.821 -> 0.718 ns/elem in cache, 0.421 -> 0.374 at 64M with 2 threads; float16
-  // params alike, 4-bit 0.95x, 8-bit 0.92-0.98x, FP8 1.01-1.03x: docs/benchmarks.md, fourteenth pass) and with
-  // three 4-bit or 8-bit states (AdEMAMix 4-bit 0.788 -> 0.718, AMSGrad 0.826 -> 0.743), but not for fp32
-  // params with two states or FP8 ones (8-bit AdamW 0.599 -> 0.683 at 64M; docs/benchmarks.md, twelfth pass).
-  // Other targets, unmeasured, encode each block right after its update.
+  // and divisions), an encode by integer and permute work: interleaved, one fills the other's idle units. AVX2 has
+  // 16 vector registers, and on a real AVX2 host (Zen 3) only the 8-bit loops with one state gain (the gathers'
+  // latency hidden); every other loop, 8-bit AdamW with its two-pass update included, runs faster with each
+  // block encoded right after its update. (An Intel CPU restricted to AVX2 favoured the pipeline for every kind,
+  // but AVX2 code runs only on CPUs without AVX-512.) On AVX-512 (Intel) the two-pass update unpipelined wins with
+  // 16-bit params and with three 4-bit or 8-bit states, but not for fp32 params with two states or FP8 ones.
+  // Other targets, unmeasured, encode each block right after its update. The measured effect of each choice:
+  // docs/benchmarks.md, "CPU loop choices": pipelined encode, two-pass update.
 #if HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2
   constexpr bool kPipelined =
       kQuantized && !(Opt::kTwoPass && (S::dtype == kBfloat16 || S::dtype == kFloat16 ||
@@ -566,9 +548,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
   // The update in two passes (Opt::kTwoPass, on x86 where each block is encoded after its update): the update
   // loop runs update_states and keeps its result in tbuf, and the encode loop runs update_param vector by vector
   // beside the encode. AdamW's square root and divisions are one chain per vector, on a divider that also takes
-  // the encode's divisions; split so, each loop has independent divisions to overlap (4-bit AdamW 1.196 -> 1.085
-  // ns/elem in cache, 0.606 -> 0.561 at 64M with 2 threads; AdEMAMix 1.719 -> 1.586; docs/benchmarks.md, tenth
-  // pass, which also gives the split points tried).
+  // the encode's divisions; split so, each loop has independent divisions to overlap (docs/benchmarks.md, "CPU
+  // loop choices": two-pass update, which also names the split points tried).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   constexpr bool kTwoPass = Opt::kTwoPass && kQuantized && !kPipelined;
 #else
@@ -602,8 +583,8 @@ int64_t step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     }
   };
   // The encoders' whole block, each vector's states together: where a block is encoded after its update, that
-  // beat one state's whole block after the other by 2-4% in cache on AVX2 (4-bit AdamW 1.240 -> 1.201 ns/elem;
-  // docs/benchmarks.md, ninth pass). With param: the param update of the block at that start beside it.
+  // beats one state's whole block after the other on AVX2 (docs/benchmarks.md, "CPU loop choices": one encode
+  // loop). With param: the param update of the block at that start beside it.
   const auto encode_all = [&](auto with_param, int64_t start) HWY_ATTR {
     for (int64_t i = 0; i < bs; i += 2 * n) {
       if (decltype(with_param)::value) param_vec(start, i);
@@ -807,8 +788,8 @@ int64_t step_shaped(const StepSlot& slot, const StepFlags& flags, int64_t b0, in
     if (slot.param_dtype == kBfloat16) return step_dtype_shaped<Opt, kKind, kBfloat16>(slot, flags, b0, b1);
     if (slot.param_dtype == kFloat16) return step_dtype_shaped<Opt, kKind, kFloat16>(slot, flags, b0, b1);
   }
-  // fp32 master params with bf16 grads, a mixed-precision setup (4-bit AdamW 0.512 -> 0.355 ns/elem at 64M with 2
-  // threads in loops of their own; docs/benchmarks.md, fourteenth pass)
+  // fp32 master params with bf16 grads, a mixed-precision setup, in loops of their own (docs/benchmarks.md, "CPU
+  // loop choices": shaped loops)
   if (slot.param_dtype == kFloat32 && slot.grad_dtype == kBfloat16)
     return step_dtype_shaped<Opt, kKind, kFloat32, kBfloat16>(slot, flags, b0, b1);
 #endif

@@ -27,7 +27,8 @@ __device__ __forceinline__ float load_elem(Dtype dt, const void* base, int i) {
 
 // The E elements at local[] (those < n unless FULL) of a block, as floats: every load is issued, under one dtype
 // branch, before the first conversion waits for one. (A conversion inside a per-element branch would wait for
-// its load before the next load issues: bf16 steps ran up to 2x slower that way.)
+// its load before the next load issues, which slows the 16-bit dtypes most: docs/benchmarks.md, "GPU kernel
+// choices".)
 template <bool FULL, int E>
 __device__ __forceinline__ void load_block(Dtype dt, const void* base, const int (&local)[E], int n, float (&out)[E]) {
   uint32_t raw[E];
@@ -194,8 +195,8 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const 
 }
 
 // At least 3 CTAs (24 warps) per multiprocessor for the quantized kinds: the step is bound by latency, and on an
-// H200 this cap (80 registers, some spilled) ran 4-bit AdamW 1.30x and 8-bit 1.25-1.31x faster than the 94-128
-// registers uncapped; the FP32 kind ran fastest uncapped (docs/benchmarks.md, the GPU step).
+// H200 this cap (80 registers, some spilled) runs them faster than the 94-128 registers uncapped; the FP32 kind
+// runs fastest uncapped (docs/benchmarks.md, "GPU kernel choices").
 template <class Opt, int KIND>
 __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3)
     step_kernel(const __grid_constant__ StepLaunch a) {
