@@ -1,8 +1,9 @@
 // GPU step throughput of every optimizer and state kind, against a device-to-device copy of the same bytes
 // measured in the same run, and each optimizer's time against AdamW's at the same kind, dtype and size.
 // Params and grads are random (the grads fixed), the states start at zero.
-// usage: bench_gpu [max_numel=1e9] [min_numel=1e6] [reps=10]; prints a markdown table (bytes as in ALGORITHMS.md
-// section 8: param read and written, grad read, each state's codes and scales read and written).
+// usage: bench_gpu [max_numel=1e9] [min_numel=1e6] [reps=10]; prints a markdown table (bytes as docs/formats.md,
+// "Bytes a step moves", counts them: param read and written, grad read, each state's codes and scales read and
+// written).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 //                   gives each one's ratio to AdamW; SGD runs with momentum 0.9; amsgrad is AdamW with
 //                   LBOPT_FLAG_AMSGRAD, a third state)
 // Per optimizer, state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s
-// (the bytes of ALGORITHMS.md section 8: param read+write, grad read, every state read+written, scales), the
+// (the bytes of docs/formats.md, "Bytes a step moves": param read+write, grad read, every state read+written), the
 // ratio to the roofline's GB/s (see roofline()), measured with the same footprint and threads, and the ratio of
 // ns/element to AdamW's of the same kind, dtype, size and threads when adamw runs too; best of reps for all.
 #include <stdio.h>

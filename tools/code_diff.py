@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How many state codes two builds of liblbopt give differently for the same values: the count behind
-docs/benchmarks.md's "codes moved" figures when an encode's rounding changes.
+"""How many state codes two builds of liblbopt give differently for the same values: the count behind the
+"codes moved" figure of docs/benchmarks.md ("CPU loop choices") when an encode's rounding changes.
 
     tools/code_diff.py --lib before=old-build/liblbopt.so.0 --lib after=build-rel/liblbopt.so.0 --kind 8bit
 

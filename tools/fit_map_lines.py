@@ -8,7 +8,8 @@ Group g of the signed map holds the codes 127 + u, u in [2^g, 2^(g+1)), taken at
 the codes c with c + 1 in [2^(g+1), 2^(g+2)), at w = c + 1. For each float B within --ulps of the group's
 least-squares slope, the A that round every point to its table value form an interval (exact rational
 arithmetic); the group fits if some float A in it does. Prints each group's fit, or that none was found.
-docs/benchmarks.md (tenth pass) records the answer: only the groups of one or two codes fit.
+docs/benchmarks.md ("CPU loop choices", measured and not taken) records the answer: only the groups of one or two
+codes fit.
 """
 import argparse
 import os

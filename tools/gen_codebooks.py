@@ -3,7 +3,7 @@
 tools/dump_torchao_qmaps.py).
 
 The 8-bit maps depend on how float32 linspace rounds, so lbopt embeds torchao's values bit for bit instead of
-re-deriving them; tests/unit/test_codebooks.cpp checks them against the spec's reference dump (4-bit exactly,
+re-deriving them; tests/unit/test_codebooks.cpp checks them against an older reference dump (4-bit exactly,
 8-bit within 2 ulps) and the documented construction rule, tests/python against the installed torchao. Decision midpoints are computed here in float32 arithmetic:
 code(x) = number of midpoints <= x, so ties go up as in torchao.
 

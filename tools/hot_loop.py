@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The instruction mix of a kernel's update loop, from the disassembly: the instruction counts that
-docs/benchmarks.md quotes per 32 elements.
+"""The instruction mix of a kernel's update loop, from the disassembly: the instruction counts behind
+docs/benchmarks.md's "What bounds the CPU step" and "CPU loop choices".
 
     tools/hot_loop.py build-release/liblbopt.so.0 \\
         'N_AVX3::step_blocks<lbopt::AdEMAMix, 0, lbopt::cpu::N_AVX3::Shape<0, 3, true>' --need prefetcht0 vpackusdw

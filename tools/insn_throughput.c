@@ -1,13 +1,12 @@
-/* The clock and the throughput of the vector instructions docs/benchmarks.md reasons with (the divider's 5 and 6
- * cycles on Intel's AVX2, 10 and 12 on AVX-512, 3.5 and 5 on Zen 3; one blend or permute a cycle): each
- * instruction in independent copies, so that only its port or unit limits it; two groups show what shares the
- * divider (on Zen 3 the square root does, 8.5 cycles a pair; permutes do not). Then the 8-bit decode's two ways of
+/* The clock and the throughput of the vector instructions docs/benchmarks.md reasons with ("What bounds the CPU
+ * step", "CPU loop choices": the divider, blends, permutes): each instruction in independent copies, so that only
+ * its port or unit limits it; two groups show what shares the divider (the square root, or permutes). Then the 8-bit decode's two ways of
  * reading a 256-entry float table for eight code bytes: one gather, or eight scalar loads joined by shuffles; and
  * where the CPU has AVX-512 VBMI, the same for 64 codes: four 16-lane gathers, 64 scalar loads, or the table's four
  * byte planes read by byte permutes and interleaved into floats (no gather). x86-64 with AVX2; the zmm rows run
  * where the CPU has AVX-512. No PMU needed.
  *
- *     gcc -O2 -o /tmp/insn_throughput tools/insn_throughput.c && taskset -c 1 /tmp/insn_throughput
+ *     gcc -O2 -o build/insn_throughput tools/insn_throughput.c && taskset -c 1 build/insn_throughput
  */
 #include <immintrin.h>
 #include <stdint.h>

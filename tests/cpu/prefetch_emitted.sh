@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The step's software prefetch is in the library: GCC deleted every prefetch loop of kernels/cpu/step_simd.cpp
-# for sessions unnoticed (see kPrefetch in step_blocks there). Each x86 target's 4-bit AdamW kernel for fp32
+# unnoticed once (see kPrefetch in step_blocks there). Each x86 target's 4-bit AdamW kernel for fp32
 # params (the shaped loop, Shape<0, 2, ...>) must hold prefetch instructions. x86-64 with objdump only; exit 77
 # elsewhere.
 # usage: prefetch_emitted.sh LIBRARY TARGET...      e.g. ... build/liblbopt.so.0 AVX2 AVX3

@@ -1,4 +1,5 @@
-// Accuracy gates derived from bitsandbytes' test suite (ALGORITHMS.md section 9), and their 4-bit and FP8
+// Accuracy gates derived from bitsandbytes' test suite (its blockwise quantize round trip, its 8-bit optimizers'
+// one-step gate), and their 4-bit and FP8
 // analogues. The 4-bit/FP8 thresholds sit about 15% above the errors measured on these seeds: tight enough that
 // a wrong codebook, scale or rounding rule fails them, loose enough for another seed.
 #include <doctest/doctest.h>

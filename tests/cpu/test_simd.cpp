@@ -1,6 +1,6 @@
 // The SIMD kernels give bit-identical params, codes and scales to the portable kernels, on every instruction set
 // this machine supports (each forced in turn through Highway's test hook), for every kind, dtype and flag; and
-// both encode the quotient docs/abi.md gives for each kind.
+// both encode the quotient docs/formats.md gives for each kind ("Encoding and decoding").
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -293,7 +293,7 @@ std::vector<int> codes_of(lbopt_state_kind kind, lbopt_moment mo, const std::vec
   return out;
 }
 
-// How many of the encodes that tell docs/abi.md's two roundings apart (x / s for 4-bit and FP8, x * RN(1 / s) for
+// How many of the encodes that tell docs/formats.md's two roundings apart (x / s for 4-bit and FP8, x * RN(1 / s) for
 // 8-bit) came out as the kind's own rounding; the count of those cases in *cases.
 int documented_roundings(lbopt_state_kind kind, lbopt_moment mo, int* cases) {
   // The codes below top ascend in value (FP8: the positive ones below NaN).
@@ -321,7 +321,7 @@ int documented_roundings(lbopt_state_kind kind, lbopt_moment mo, int* cases) {
   for (float anchor : {3.0f, 0.7f, 1.37e-3f, 5.1f, 2.9e7f, 6.1e-9f, 123.456f}) {
     std::vector<float> xs;
     std::vector<int> want;
-    const float s = kind == LBOPT_STATE_FP8 ? anchor / 448.0f : anchor;  // docs/abi.md's block scale
+    const float s = kind == LBOPT_STATE_FP8 ? anchor / 448.0f : anchor;  // docs/formats.md's block scale
     for (size_t j = 0; j < ks.size(); ++j) {
       float x = thresholds[j] * s;
       for (int u = 0; u < 3; ++u) x = nextafterf(x, -INFINITY);

@@ -558,8 +558,9 @@ TEST_CASE("quantize, dequantize and state_init on the device equal the CPU's bit
 
 // The codes of x = mid * s and its neighbours, for every decision point of every map under block scales of every
 // magnitude (from 2^126 on, 8-bit's RN(1 / s) is subnormal): inputs where the quotient x / s and the product
-// x * RN(1 / s) give different codes, so that the device must encode the quotient each kind documents (docs/abi.md
-// 5.1: the product for 8-bit, the quotient for 4-bit and FP8) as the CPU does. Random data rarely tells them apart.
+// x * RN(1 / s) give different codes, so that the device must encode the quotient each kind documents
+// (docs/formats.md, "Encoding and decoding": the product for 8-bit, the quotient for 4-bit and FP8) as the CPU
+// does. Random data rarely tells them apart.
 TEST_CASE("quantize at and around every decision point times the block scale: the device's codes are the CPU's") {
   std::vector<float> anchors = {1e-12f, 1.7e-10f, 3e-5f, 0.37f, 1.0f, 1.5f, 1000.1f, 3e20f, 1e38f, 0x1p126f,
                                 0x1.8p126f, 0x1p127f, 3.4028235e38f};

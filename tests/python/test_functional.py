@@ -110,7 +110,7 @@ def test_quantize_dequantize_round_trip(kind, moment):
     block = F.state_layout(kind, n)["block_size"]
     absmax = _block_absmax(x, block)
     assert np.array_equal(st["scales"], _block_absmax(x, block)[::block] / (448 if kind == "fp8" else 1))
-    if moment == "v":  # a positive second moment never decodes to 0 (docs/abi.md 5.5)
+    if moment == "v":  # a positive second moment never decodes to 0 (docs/formats.md, "The zero-point guard")
         assert (out[x > 0] > 0).all()
     if kind == "fp8":  # e4m3: 3 mantissa bits; subnormal steps of 2**-9 * scale, the least positive v code
         bound = np.abs(x) / 16 + absmax / 448 * 2.0 ** -9

@@ -387,7 +387,7 @@ def test_quantized_states_train_like_fp32(kind, which):
 
 @pytest.mark.parametrize("cls,kwargs,base_lr", [c for c in CASES if c[1].get("momentum", 1) != 0.0])
 def test_8bit_one_step_gate_of_bitsandbytes(cls, kwargs, base_lr):
-    """bitsandbytes' gate for its 8-bit optimizers (ALGORITHMS.md section 9): 50 steps, g ~ N(0, 0.01^2), p ~
+    """bitsandbytes' gate for its 8-bit optimizers (test_optimizer8bit): 50 steps, g ~ N(0, 0.01^2), p ~
     N(0, 0.1^2), the fp32 reference re-synced to the dequantized states and params before every step: params
     mean abs difference < 6e-5 and mean relative difference < 6e-4."""
     cls8 = {lbt.LowBitSGD: lbt.SGD8bit, lbt.LowBitLion: lbt.Lion8bit, lbt.LowBitAdEMAMix: lbt.AdEMAMix8bit}[

@@ -69,7 +69,7 @@ SCALE_RTOL = 1e-6
 # with 1, 2 and 4 threads):
 #   4bit: constant lr 1.60e-4, cosine lr 6.8e-6   (loss 0.719 -> 0.150 constant lr, 0.719 -> 0.300 cosine)
 #   8bit: constant lr 2.98e-4, cosine lr 1.6e-5   (0.719 -> 0.053, 0.186); 2.08e-4 and 1.6e-5 before 8-bit encoded
-#         x * RN(1 / scale) in place of torchao's x / scale (session 17), which moved 2 codes in 4M random values
+#         x * RN(1 / scale) in place of torchao's x / scale, which moved 2 codes in 4M random values
 #   fp8:  constant lr 3.06e-4, cosine lr 1.06e-4  (0.719 -> 0.050, 0.179)
 # The curves start bit-identical and drift apart as float-rounding (and, for 8-bit/FP8, zero-guard) differences
 # flip a code now and then. The tolerance is 2x the constant-lr value; the cosine-lr runs must meet the same one.

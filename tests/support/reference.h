@@ -1,5 +1,5 @@
-// An independent double-precision reference of lbopt's formats and step, written from ALGORITHMS.md without
-// any library code: codebooks built by the documented rule, nearest-code search by distance, the AdamW step in
+// An independent double-precision reference of lbopt's formats and step (docs/formats.md), sharing no library
+// code: codebooks built by the documented rule, nearest-code search by distance, the AdamW step in
 // double, and rounding to the param dtype by significand counting.
 #pragma once
 #include <math.h>

@@ -77,7 +77,8 @@ std::vector<Table> tables() {
 
 TEST_SUITE("codebooks") {
   TEST_CASE("the maps equal the spec's torchao dump: 4-bit exactly, 8-bit within 2 ulps") {
-    // The spec's dump came from an older torch whose float32 linspace rounds differently in some 8-bit entries.
+    // The reference dump (tests/data/qmaps_torchao.txt) came from an older torch whose float32 linspace rounds
+    // differently in some 8-bit entries.
     const auto dump = read_qmaps(LBOPT_QMAPS_SPEC);
     for (const Table& t : tables()) {
       CAPTURE(t.name);
@@ -114,7 +115,7 @@ TEST_SUITE("codebooks") {
       for (uint32_t c = 0; c < t.entries; ++c) worst = std::max(worst, ulps(t.values[c], float(t.rule[c])));
       CHECK(worst <= 2);
     }
-    // landmarks named in ALGORITHMS.md
+    // landmarks docs/formats.md names
     CHECK(lbopt::codebook::kSigned8Values[0] == doctest::Approx(-0.99296874).epsilon(1e-7));
     CHECK(lbopt::codebook::kSigned8Values[127] == 0.0f);
     CHECK(lbopt::codebook::kSigned8Values[255] == 1.0f);
