@@ -68,8 +68,8 @@ def test_dtype_switches_step_like_a_fresh_optimizer(kind):
 
 
 def test_new_dtype_at_the_same_address_is_seen():
-    """The allocator may hand the new data the old address (the issue's heap corruption): forced here by viewing
-    the same memory as bfloat16, so shape, strides and data_ptr all stay and only the dtype tells."""
+    """The allocator may hand the new data the old address (a stale view would then corrupt the heap): forced here
+    by viewing the same memory as bfloat16, so shape, strides and data_ptr all stay and only the dtype tells."""
     torch.manual_seed(13)
     p = nn.Parameter(torch.randn(6000))
     opt = LT.AdamW4bit([p], lr=1e-2)
@@ -92,7 +92,7 @@ def nhwc_flat(t):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_channels_last_conv_steps_in_memory_order(kind):
-    """The issue's repro, checked bit for bit: a channels_last conv weight steps exactly like a flat param holding
+    """Checked bit for bit: a channels_last conv weight steps exactly like a flat param holding
     its memory, states included."""
     torch.manual_seed(2)
     conv = nn.Conv2d(16, 32, 3).to(memory_format=torch.channels_last)
@@ -311,7 +311,7 @@ def assert_unchanged(opt, params, snap):
 
 
 def test_refused_param_in_the_group_of_a_good_one_leaves_everything_untouched():
-    """The issue's case: a small param (fp32 states, one call) and a complex one (refused) in one group."""
+    """A small param (fp32 states, one call) and a complex one (refused) in one group."""
     small, big = nn.Parameter(torch.randn(100)), nn.Parameter(torch.randn(5000))
     bad = nn.Parameter(torch.randn(50, dtype=torch.complex64))
     opt = LT.AdamW4bit([small, big, bad])
