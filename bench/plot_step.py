@@ -41,7 +41,7 @@ def main():
         ax.set_title(f"{param} params and grads, {threads} thread{'s' if threads > 1 else ''}")
         ax.grid(alpha=0.3)
     for row in axes:
-        row[0].set_ylabel("GB/s (ALGORITHMS.md section 8 bytes)")
+        row[0].set_ylabel("GB/s (bytes per step of docs/formats.md)")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
