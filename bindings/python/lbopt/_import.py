@@ -15,6 +15,7 @@ their objects are read through their attributes.
 import torch
 
 from . import _abi
+from ._torch_views import tensor_view
 
 _BNB_NESTED = "__bnb_optimizer_quant_state__"
 # lbopt moment name -> (torch/torchao key, bitsandbytes key, lbopt moment)
@@ -78,10 +79,8 @@ def _codebook(kind, second):
     codes = torch.arange(n, dtype=torch.uint8)
     if kind == _abi.STATE_4BIT:
         codes = (codes[0::2] << 4) | codes[1::2]
-    from .torch import _view  # the views of torch tensors; lbopt.torch imports this module lazily
-
     values = torch.empty(n)
-    views = [_view(codes), _view(torch.ones(1)), _view(values)]  # alive across the call
+    views = [tensor_view(codes), tensor_view(torch.ones(1)), tensor_view(values)]  # alive across the call
     state = _abi.State(views[0].ptr, views[1].ptr)
     _abi.check(_abi.lib.lbopt_dequantize(kind, _abi.MOMENT_SECOND if second else _abi.MOMENT_FIRST, state,
                                          views[2].ptr, None))

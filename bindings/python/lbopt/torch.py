@@ -21,6 +21,7 @@ import torch
 
 from . import _abi, _checkpoint, _import
 from ._dlpack import View
+from ._torch_views import dl_device, dl_dtype, tensor_view
 from .functional import KINDS, kind_id
 
 __all__ = ["AdamW4bit", "AdamW8bit", "AdamWFp8", "Adam4bit", "Adam8bit", "AdamFp8", "AdamW", "LowBitAdamW",
@@ -30,37 +31,6 @@ __all__ = ["AdamW4bit", "AdamW8bit", "AdamWFp8", "Adam4bit", "Adam8bit", "AdamFp
 
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
 _MOMENTS = (("exp_avg", _abi.MOMENT_FIRST), ("exp_avg_sq", _abi.MOMENT_SECOND), ("max_exp_avg_sq", _abi.MOMENT_SECOND))
-
-
-def _dl_dtype(dt):
-    """DLPack (code, bits, lanes) of a torch dtype; the library judges whether it is supported."""
-    bits = dt.itemsize * 8
-    if dt == torch.bfloat16:
-        return (_abi.kDLBfloat, bits, 1)
-    if dt.is_complex:
-        return (5, bits, 1)
-    if dt.is_floating_point:
-        return (_abi.kDLFloat, bits, 1)
-    if dt == torch.bool:
-        return (6, bits, 1)
-    return (_abi.kDLInt if dt.is_signed else _abi.kDLUInt, bits, 1)
-
-
-def _dl_device(t):
-    if t.device.type == "cpu":
-        return (_abi.kDLCPU, 0)
-    if t.device.type == "cuda":
-        return (_abi.kDLCUDA, t.device.index)
-    raise ValueError(f"lbopt: tensors on {t.device} are not supported (cpu or cuda)")
-
-
-def _view(t):
-    """A DLTensor view of a strided tensor, built from its metadata (no DLPack capsule). The view holds the tensor's
-    storage too, so the memory it points to stays allocated even if the tensor's data is later swapped."""
-    if t.layout != torch.strided:
-        raise TypeError(f"lbopt: {t.layout} tensors are not supported; gradients and params must be dense")
-    device = _dl_device(t)
-    return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), device, (t, t.untyped_storage()))
 
 
 def _local(t, p, name):
@@ -156,7 +126,7 @@ class _ParamSlot:
         self.call_key = (p.device, KINDS[state["state_kind"]])
         self.state_keys = tuple(k for k, v in state.items() if torch.is_tensor(v))
         self.state_tensors = tuple(state[k] for k in self.state_keys)
-        self.views = [_view(p)]
+        self.views = [tensor_view(p)]
         self.slot = _abi.Slot()
         self.slot.struct_size = ctypes.sizeof(_abi.Slot)
         self.slot.param = self.views[0].ptr
@@ -181,7 +151,7 @@ class _ParamSlot:
             stride = g.stride()
         key = (g.dtype, g.shape, stride, g.device)
         if key != self.grad_key:
-            self.grad.set(g.data_ptr(), g.shape, stride, _dl_dtype(g.dtype), _dl_device(g), None)
+            self.grad.set(g.data_ptr(), g.shape, stride, dl_dtype(g.dtype), dl_device(g), None)
             self.grad_key = key
             self.slot.grad = self.grad.ptr
         else:
@@ -203,7 +173,7 @@ class _Call:
             self.slots[i] = ps.slot
             ps.slot = self.slots[i]  # shares the array's memory
         self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)  # every entry is written by each call
-        self.skipped_view = _view(self.skipped)
+        self.skipped_view = tensor_view(self.skipped)
 
     def prepare(self, cfg, lr, entries, grad_scale, found_inf, read_skipped):
         """This step's config, lr, entries (state, _ParamSlot, grad, (param, name)) and AMP scalars."""
@@ -214,7 +184,7 @@ class _Call:
         self.keep = []
         for field, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
             if t is not None:
-                v = _view(t.to(device=self.device, dtype=torch.float32))
+                v = tensor_view(t.to(device=self.device, dtype=torch.float32))
                 self.keep.append(v)
                 setattr(self.opts, field, v.ptr)
         if self.device.type == "cuda":
@@ -650,7 +620,7 @@ def _encode(state, moment_name, moment, values, what):
     """Quantize float32 values (any dense layout, read in memory order) into one moment of state; a refusal
     (NaN, Inf, a negative second moment) names the param."""
     try:
-        _abi.check(_abi.lib.lbopt_quantize(KINDS[state["state_kind"]], moment, _view(values).ptr,
+        _abi.check(_abi.lib.lbopt_quantize(KINDS[state["state_kind"]], moment, tensor_view(values).ptr,
                                            _state_of(state, moment_name, []), None))
     except _abi.LbOptError as e:
         raise type(e)(e.status, f"lbopt: {moment_name} of {what}: {e}") from None
@@ -675,7 +645,7 @@ def _relayout(state, p, order, names):
     for name, moment in names:
         if name + "_codes" in state:
             old = _empty_in_order(p.shape, _state_order(state, p), p.device)
-            _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), _view(old).ptr, None))
+            _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), tensor_view(old).ptr, None))
             out.update(_zero_state(kind, p, name))
             _encode(out, name, moment, _empty_in_order(p.shape, order, p.device).copy_(old), _what(p, None))
     _set_order(out, order)
@@ -842,7 +812,7 @@ def to_torch_adamw_state_dict(optimizer):
         for name, moment in _MOMENTS:
             if name + "_codes" in st:
                 dst = _empty_in_order(t.shape, _state_order(st, t), t.device)
-                _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(st, name, []), _view(dst).ptr, None))
+                _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(st, name, []), tensor_view(dst).ptr, None))
                 entry[name] = dst
         out[pid] = entry
     return {"state": out, "param_groups": sd["param_groups"]}
@@ -855,7 +825,7 @@ def load_torch_adamw_state_dict(optimizer, torch_state_dict):
 
 
 def _state_of(st, name, keep):
-    codes = _view(st[name + "_codes"])
-    scales = _view(st[name + "_scales"]) if name + "_scales" in st else None
+    codes = tensor_view(st[name + "_codes"])
+    scales = tensor_view(st[name + "_scales"]) if name + "_scales" in st else None
     keep += [codes, scales]
     return _abi.State(codes.ptr, scales.ptr if scales else None)

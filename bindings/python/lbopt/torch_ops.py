@@ -19,7 +19,7 @@ import ctypes
 import torch
 
 from . import _abi
-from .torch import _view
+from ._torch_views import tensor_view
 
 _TYPES = {_abi.ATTR_DOUBLE: "float", _abi.ATTR_INT64: "int", _abi.ATTR_BOOL: "bool", _abi.ATTR_STRING: "str"}
 
@@ -59,7 +59,7 @@ def _kernel(op_ptr):
 
     def kernel(*args, **kwargs):
         tensors = args[:n_tensors]
-        views = [None if t is None else _view(t) for t in tensors]
+        views = [None if t is None else tensor_view(t) for t in tensors]
         ptrs = (ctypes.POINTER(_abi.DLTensor) * n_tensors)(*[v.ptr if v is not None else None for v in views])
         # the attributes given, positionally or by name; the registry fills in the defaults of the others
         values = dict(zip((name for name, _ in attrs), args[n_tensors:]))
