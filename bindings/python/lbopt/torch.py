@@ -24,10 +24,8 @@ from ._dlpack import View
 from ._torch_views import dl_device, dl_dtype, tensor_view
 from .functional import KINDS, kind_id
 
-__all__ = ["AdamW4bit", "AdamW8bit", "AdamWFp8", "Adam4bit", "Adam8bit", "AdamFp8", "AdamW", "LowBitAdamW",
-           "SGD4bit", "SGD8bit", "SGDFp8", "SGD", "LowBitSGD", "Lion4bit", "Lion8bit", "LionFp8", "Lion", "LowBitLion",
-           "AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8", "AdEMAMix", "LowBitAdEMAMix",
-           "to_torch_adamw_state_dict", "load_torch_adamw_state_dict"]
+__all__ = ["LowBitAdamW", "LowBitSGD", "LowBitLion", "LowBitAdEMAMix", "to_torch_adamw_state_dict",
+           "load_torch_adamw_state_dict"]  # and the optimizer classes, added where they are generated
 
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
 _MOMENTS = (("exp_avg", _abi.MOMENT_FIRST), ("exp_avg_sq", _abi.MOMENT_SECOND), ("max_exp_avg_sq", _abi.MOMENT_SECOND))
@@ -752,45 +750,185 @@ class LowBitAdEMAMix(_LowBit):
                     weight_decay=_real(group["weight_decay"], "weight_decay"), **warm), 0
 
 
-def _kind_class(base, name, kind, doc):
-    """base with its state kind fixed."""
-    def __init__(self, params, *args, **kwargs):
-        base.__init__(self, params, *args, **{**kwargs, "state_kind": kind})
-
-    return type(name, (base,), {"__init__": __init__, "__doc__": doc + "\n" + (base.__doc__ or "")})
+# BEGIN GENERATED CLASSES: written by tools/gen_torch_classes.py from its table; edit that, then rerun it
 
 
-AdamW4bit = _kind_class(LowBitAdamW, "AdamW4bit", "4bit", "AdamW with 4-bit states (block 128), 1.06 bytes/param.")
-AdamW8bit = _kind_class(LowBitAdamW, "AdamW8bit", "8bit", "AdamW with 8-bit dynamic-map states (block 256).")
-AdamWFp8 = _kind_class(LowBitAdamW, "AdamWFp8", "fp8", "AdamW with float8 e4m3 states (block 256).")
-AdamW = _kind_class(LowBitAdamW, "AdamW", "fp32", "AdamW with full-precision (fp32) states, fused in lbopt.")
+class AdamW4bit(LowBitAdamW):
+    """AdamW with 4-bit states (block 128), 1.06 bytes/param."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "4bit"})
 
 
-def _adam_class(name, kind, doc):
-    """Adam: L2 decay coupled into the gradient, torch.optim.Adam's default weight_decay of 0."""
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **kwargs):
-        LowBitAdamW.__init__(self, params, lr, betas, eps, weight_decay, amsgrad, **{**kwargs, "adam": True,
-                                                                                    "state_kind": kind})
+class AdamW8bit(LowBitAdamW):
+    """AdamW with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
 
-    return type(name, (LowBitAdamW,), {"__init__": __init__, "__doc__": doc})
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "8bit"})
 
 
-Adam4bit = _adam_class("Adam4bit", "4bit", "Adam (L2 decay coupled into the gradient), 4-bit states.")
-Adam8bit = _adam_class("Adam8bit", "8bit", "Adam (L2 decay coupled into the gradient), 8-bit states.")
-AdamFp8 = _adam_class("AdamFp8", "fp8", "Adam (L2 decay coupled into the gradient), float8 states.")
-SGD4bit = _kind_class(LowBitSGD, "SGD4bit", "4bit", "SGD with 4-bit states (block 128).")
-SGD8bit = _kind_class(LowBitSGD, "SGD8bit", "8bit", "SGD with 8-bit dynamic-map states (block 256).")
-SGDFp8 = _kind_class(LowBitSGD, "SGDFp8", "fp8", "SGD with float8 e4m3 states (block 256).")
-SGD = _kind_class(LowBitSGD, "SGD", "fp32", "SGD with full-precision (fp32) states.")
-Lion4bit = _kind_class(LowBitLion, "Lion4bit", "4bit", "Lion with 4-bit states (block 128).")
-Lion8bit = _kind_class(LowBitLion, "Lion8bit", "8bit", "Lion with 8-bit dynamic-map states (block 256).")
-LionFp8 = _kind_class(LowBitLion, "LionFp8", "fp8", "Lion with float8 e4m3 states (block 256).")
-Lion = _kind_class(LowBitLion, "Lion", "fp32", "Lion with full-precision (fp32) states.")
-AdEMAMix4bit = _kind_class(LowBitAdEMAMix, "AdEMAMix4bit", "4bit", "AdEMAMix with 4-bit states (block 128).")
-AdEMAMix8bit = _kind_class(LowBitAdEMAMix, "AdEMAMix8bit", "8bit",
-                           "AdEMAMix with 8-bit dynamic-map states (block 256).")
-AdEMAMixFp8 = _kind_class(LowBitAdEMAMix, "AdEMAMixFp8", "fp8", "AdEMAMix with float8 e4m3 states (block 256).")
-AdEMAMix = _kind_class(LowBitAdEMAMix, "AdEMAMix", "fp32", "AdEMAMix with full-precision (fp32) states.")
+class AdamWFp8(LowBitAdamW):
+    """AdamW with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "fp8"})
+
+
+class AdamW(LowBitAdamW):
+    """AdamW with full-precision (fp32) states, fused in lbopt."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "fp32"})
+
+
+class Adam4bit(LowBitAdamW):
+    """Adam (L2 decay coupled into the gradient), 4-bit states."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         **{**common, "adam": True, "state_kind": "4bit"})
+
+
+class Adam8bit(LowBitAdamW):
+    """Adam (L2 decay coupled into the gradient), 8-bit states."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         **{**common, "adam": True, "state_kind": "8bit"})
+
+
+class AdamFp8(LowBitAdamW):
+    """Adam (L2 decay coupled into the gradient), float8 states."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         **{**common, "adam": True, "state_kind": "fp8"})
+
+
+class SGD4bit(LowBitSGD):
+    """SGD with 4-bit states (block 128)."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "4bit"})
+
+
+class SGD8bit(LowBitSGD):
+    """SGD with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "8bit"})
+
+
+class SGDFp8(LowBitSGD):
+    """SGD with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "fp8"})
+
+
+class SGD(LowBitSGD):
+    """SGD with full-precision (fp32) states."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "fp32"})
+
+
+class Lion4bit(LowBitLion):
+    """Lion with 4-bit states (block 128)."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "4bit"})
+
+
+class Lion8bit(LowBitLion):
+    """Lion with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "8bit"})
+
+
+class LionFp8(LowBitLion):
+    """Lion with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "fp8"})
+
+
+class Lion(LowBitLion):
+    """Lion with full-precision (fp32) states."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "fp32"})
+
+
+class AdEMAMix4bit(LowBitAdEMAMix):
+    """AdEMAMix with 4-bit states (block 128)."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "4bit"})
+
+
+class AdEMAMix8bit(LowBitAdEMAMix):
+    """AdEMAMix with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "8bit"})
+
+
+class AdEMAMixFp8(LowBitAdEMAMix):
+    """AdEMAMix with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "fp8"})
+
+
+class AdEMAMix(LowBitAdEMAMix):
+    """AdEMAMix with full-precision (fp32) states."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "fp32"})
+
+
+__all__ += ["AdamW4bit", "AdamW8bit", "AdamWFp8", "AdamW", "Adam4bit", "Adam8bit", "AdamFp8", "SGD4bit", "SGD8bit",
+            "SGDFp8", "SGD", "Lion4bit", "Lion8bit", "LionFp8", "Lion", "AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8",
+            "AdEMAMix"]
+# END GENERATED CLASSES
 
 
 # ---- conversion to and from torch.optim.AdamW state_dicts -----------------------------------------------------
