@@ -8,7 +8,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
 
 import lbopt
 

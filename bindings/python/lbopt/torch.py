@@ -16,6 +16,7 @@ import math
 import numbers
 import operator
 import re
+from typing import NamedTuple
 
 import torch
 
@@ -112,16 +113,24 @@ def _check_dim_order(order, p):
     return tuple(order)
 
 
+class _CallKey(NamedTuple):
+    """What the params stepped by one call of a param group share."""
+    device: torch.device
+    kind: int  # the lbopt_state_kind of their states
+
+
 class _ParamSlot:
     """The lbopt_slot of one param, with the views it points to: built once and reused while the param's data,
     dtype, shape, strides and device, the states its step uses and their tensors stay the same; the grad is set
-    on every step."""
+    on every step. p is the tensor stepped: `param` itself or its local shard; `param` and `param_name` are what
+    an error names."""
 
-    def __init__(self, p, state, names):
+    def __init__(self, p, state, names, param, param_name):
+        self.param, self.param_name = param, param_name
         self.param_key = _param_key(p)
         self.param_stride = p.stride()
         self.names = names
-        self.call_key = (p.device, KINDS[state["state_kind"]])
+        self.call_key = _CallKey(p.device, KINDS[state["state_kind"]])
         self.state_keys = tuple(k for k, v in state.items() if torch.is_tensor(v))
         self.state_tensors = tuple(state[k] for k in self.state_keys)
         self.views = [tensor_view(p)]
@@ -157,25 +166,33 @@ class _ParamSlot:
         return g
 
 
+class _Batch(NamedTuple):
+    """What one call of a step steps, in order: lists rather than an object per param, which would cost more
+    than the rest of planning a small tensor's step."""
+    param_slots: list  # _ParamSlot
+    states: list  # the state dict each step counts in
+    grads: list  # the tensor each slot's grad points to, held until the call
+
+
 class _Call:
     """One lbopt_step of a step(): the slots of one param group, device and state kind. Kept from step to step
     while the group steps the same slots in the same order: its slot array is built once, and each param's slot
     is then the array's element itself, so a step only writes the grad pointers and step counts into it."""
 
-    def __init__(self, device, entries):
+    def __init__(self, device, batch):
         self.device = device
-        self.signature = _signature(entries)
-        n = self.n = len(entries)
+        self.signature = batch.param_slots  # compared element by element, by identity first
+        n = self.n = len(batch.param_slots)
         self.slots = (_abi.Slot * n)()
-        for i, (_, ps, *_) in enumerate(entries):
+        for i, ps in enumerate(batch.param_slots):
             self.slots[i] = ps.slot
             ps.slot = self.slots[i]  # shares the array's memory
         self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)  # every entry is written by each call
         self.skipped_view = tensor_view(self.skipped)
 
-    def prepare(self, cfg, lr, entries, grad_scale, found_inf, read_skipped):
-        """This step's config, lr, entries (state, _ParamSlot, grad, (param, name)) and AMP scalars."""
-        self.cfg, self.lr, self.entries, self.read_skipped = cfg, lr, entries, read_skipped
+    def prepare(self, cfg, lr, batch, grad_scale, found_inf, read_skipped):
+        """This step's config, lr, _Batch and AMP scalars."""
+        self.cfg, self.lr, self.batch, self.read_skipped = cfg, lr, batch, read_skipped
         self.opts = _abi.StepOptions()
         self.opts.struct_size = ctypes.sizeof(self.opts)
         self.opts.skipped = self.skipped_view.ptr
@@ -197,7 +214,8 @@ class _Call:
             slot = re.match(r"slots\[(\d+)\]", str(e))
             if slot is None:
                 raise
-            raise type(e)(e.status, f"lbopt: {_what(*self.entries[int(slot.group(1))][3])}: {e}") from None
+            ps = self.batch.param_slots[int(slot.group(1))]
+            raise type(e)(e.status, f"lbopt: {_what(ps.param, ps.param_name)}: {e}") from None
 
     def validate(self):
         self._check(_abi.lib.lbopt_step_validate)
@@ -207,17 +225,12 @@ class _Call:
         self._check(_abi.lib.lbopt_step)
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
         if not self.read_skipped:
-            for entry in self.entries:
-                entry[0]["step"] += 1
+            for state in self.batch.states:
+                state["step"] += 1
             return
-        for entry, skipped in zip(self.entries, self.skipped.tolist()):
+        for state, skipped in zip(self.batch.states, self.skipped.tolist()):
             if not skipped:
-                entry[0]["step"] += 1
-
-
-def _signature(entries):
-    """The slots a call steps, in order (compared element by element, by identity first)."""
-    return [e[1] for e in entries]
+                state["step"] += 1
 
 
 class _LowBit(torch.optim.Optimizer):
@@ -334,11 +347,12 @@ class _LowBit(torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             yield from ((p, group, n) for p, n in zip(group["params"], names))
 
-    def _slot(self, p, t, state, names):
+    def _slot(self, p, t, state, names, param_name):
         """The param's slot and the state dict it steps: the cached slot while it is fresh; else a new one, over a
         new state dict where the states had to be re-laid out for a new memory order or gain a state the group
         now needs (amsgrad or momentum turned on later: it starts at zero), which the caller commits once the step
-        is validated; the old tensors are never written. t is the tensor stepped for p: p, or its local shard."""
+        is validated; the old tensors are never written. t is the tensor stepped for p: p, or its local shard;
+        param_name is p's name or None."""
         cached = self._slots.get(id(p))
         if cached is not None and cached.fresh(t, state, names):
             return cached, state
@@ -348,7 +362,7 @@ class _LowBit(torch.optim.Optimizer):
         for name, _ in names:
             if name + "_codes" not in state:
                 state = {**state, **_zero_state(KINDS[state["state_kind"]], t, name)}
-        cached = self._slots[id(p)] = _ParamSlot(t, state, names)
+        cached = self._slots[id(p)] = _ParamSlot(t, state, names, p, param_name)
         return cached, state
 
     # ---- the step --------------------------------------------------------------------------------------------
@@ -393,7 +407,7 @@ class _LowBit(torch.optim.Optimizer):
         for group in self.param_groups:
             lr = _lr(group)
             names = self._states(group)
-            by_call = {}  # (device, kind) -> [(state, slot, grad, (param, name))]
+            by_call = {}  # _CallKey -> _Batch
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 grad = p.grad
                 if grad is None:
@@ -403,17 +417,22 @@ class _LowBit(torch.optim.Optimizer):
                 if g is not grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
                     g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
                 old = state_of(p)
-                ps, state = self._slot(p, t, old or self._init_state(p, group, name), names)
+                ps, state = self._slot(p, t, old or self._init_state(p, group, name), names, name)
                 if state is not old:
                     pending[p] = state
                 grad = ps.set_grad(g, t)
                 ps.slot.step = state["step"] + 1
-                by_call.setdefault(ps.call_key, []).append((state, ps, grad, (p, name)))
-            for key, entries in by_call.items():
+                batch = by_call.get(ps.call_key)
+                if batch is None:
+                    batch = by_call[ps.call_key] = _Batch([], [], [])
+                batch.param_slots.append(ps)
+                batch.states.append(state)
+                batch.grads.append(grad)
+            for key, batch in by_call.items():
                 call = self._calls.get((id(group), key))
-                if call is None or call.signature != _signature(entries):
-                    call = self._calls[(id(group), key)] = _Call(key[0], entries)
-                calls.append(call.prepare(self._config(group, key[1]), lr, entries, grad_scale, found_inf,
+                if call is None or call.signature != batch.param_slots:
+                    call = self._calls[(id(group), key)] = _Call(key.device, batch)
+                calls.append(call.prepare(self._config(group, key.kind), lr, batch, grad_scale, found_inf,
                                           read_skipped))
         return calls
 
@@ -509,9 +528,8 @@ class _LowBit(torch.optim.Optimizer):
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
-        for moment_name, moment, values in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group),
-                                                                       _import.codebook):
-            _encode(st, moment_name, moment, values, what)
+        for moment in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group), _import.codebook):
+            _encode(st, moment.name, moment.moment, moment.values, what)
         return st
 
     def _convert_foreign(self, p, group, name, entry):
@@ -534,9 +552,9 @@ class _LowBit(torch.optim.Optimizer):
         if all(_import.copyable(sources[n], kind, m == _abi.MOMENT_SECOND, t.numel()) for n, m in needed):
             _set_order(st, tuple(range(t.dim())))
             for moment_name, _ in needed:
-                st[moment_name + "_codes"] = sources[moment_name][2].reshape(-1).to(t.device, torch.uint8, copy=True)
-                st[moment_name + "_scales"] = sources[moment_name][3].reshape(-1).to(t.device, torch.float32,
-                                                                                     copy=True)
+                source = sources[moment_name]
+                st[moment_name + "_codes"] = source.codes.reshape(-1).to(t.device, torch.uint8, copy=True)
+                st[moment_name + "_scales"] = source.scales.reshape(-1).to(t.device, torch.float32, copy=True)
             return st
         for moment_name, moment in needed:
             values = _import.decode(sources[moment_name], t.numel(), what, moment_name).to(t.device)
