@@ -1,12 +1,13 @@
-"""Optimizer states saved by other AdamW implementations, converted into lbopt states at load_state_dict.
+"""Optimizer states saved by other libraries, converted into lbopt states by lbopt.torch's load_state_dict.
 
-Recognized, per param entry of a state dict:
+Recognized, per param entry of a state dict, for the states the loading optimizer uses:
   * torch.optim.AdamW / Adam (and torchao's plain states of small params): exp_avg, exp_avg_sq [, max_exp_avg_sq]
     as float tensors shaped like the param;
   * torchao AdamW4bit / AdamW8bit / AdamWFp8: exp_avg, exp_avg_sq as tensor subclasses carrying codes, scale and
     (4- and 8-bit) qmap;
   * bitsandbytes AdamW8bit / Adam8bit (state1, state2 uint8 codes, absmax1, absmax2, qmap1, qmap2) and their
-    32-bit variants (state1, state2 float32), flat or under "__bnb_optimizer_quant_state__" (bitsandbytes >= 0.45).
+    32-bit variants (state1, state2 float32), flat or under "__bnb_optimizer_quant_state__" (bitsandbytes >= 0.45);
+  * any other state as a float tensor under its lbopt name (torch.optim.SGD's momentum_buffer).
 Where a saved moment is already in the target kind's format (torchao's codebooks and blocks are lbopt's, and
 bitsandbytes' 8-bit blockwise maps are lbopt's 8-bit maps) its codes and scales are copied as they are; otherwise
 it is decoded to float32 and encoded into the target kind. Neither torchao nor bitsandbytes is imported here:

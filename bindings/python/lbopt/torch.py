@@ -5,6 +5,11 @@ Every step() reads each group's lr as a host double (a Python float, or a tensor
 it by value, so any torch.optim.lr_scheduler works unchanged and a schedule that changes the lr every step costs
 nothing. All tensors of a param group (per device and state kind) go to the library in one call.
 
+state_dict() holds each param's states in one checkpoint form for plain and FSDP2 (DTensor) params
+(lbopt._checkpoint); load_state_dict() also reads states saved by torch.optim, torchao and bitsandbytes
+(lbopt._import). The classes with a fixed state kind (AdamW4bit ... AdEMAMix) are written by
+tools/gen_torch_classes.py.
+
     from lbopt.torch import AdamW4bit
     opt = AdamW4bit(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=1000)

@@ -11,8 +11,8 @@ as mutated (`Tensor(a!)`), optional ones as `Tensor?`; then the attributes as ty
 registry's defaults (double -> float, int64 -> int, bool -> bool, string -> str). Every op returns nothing: it
 writes its outputs in place. CPU and CUDA kernels call lbopt_op_invoke on DLPack views of the tensors (so they
 validate exactly like the C entry points); fake kernels do nothing, so FakeTensor tracing and torch.compile see
-the ops as opaque mutations. The tensor-lr steps (adamw_step_capturable_*) take lr and step as scalar tensors:
-a compiled program that calls them keeps one form whatever the schedule.
+the ops as opaque mutations. The tensor-lr steps (adamw_, sgd_, lion_ and ademamix_step_capturable_*) take lr
+and step as scalar tensors: a compiled program that calls them keeps one form whatever the schedule.
 """
 import ctypes
 
