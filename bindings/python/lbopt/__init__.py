@@ -1,7 +1,17 @@
-"""lbopt: low-bit (4-bit, 8-bit, FP8) AdamW / Adam optimizer states behind a C ABI.
+"""lbopt: low-bit optimizer states (4-bit, 8-bit, FP8, or fp32) for AdamW, Adam, SGD with momentum, Lion and
+AdEMAMix, stepped in place by the lbopt C library (CPU, and CUDA where it was built with it) behind a C ABI.
 
-`lbopt.functional` steps any in-place DLPack arrays (NumPy, PyTorch); `lbopt.torch` holds drop-in
-`torch.optim.Optimizer`s (AdamW4bit, AdamW8bit, AdamWFp8, Adam4bit, Adam8bit, AdamFp8, AdamW).
+  lbopt.torch       drop-in torch.optim optimizers: AdamW4bit, AdamW8bit, AdamWFp8, AdamW (fp32 states);
+                    Adam4bit, Adam8bit, AdamFp8; SGD4bit ... SGD; Lion4bit ... Lion; AdEMAMix4bit ... AdEMAMix;
+                    and LowBitAdamW, LowBitSGD, LowBitLion, LowBitAdEMAMix, which take the kind as state_kind
+  lbopt.functional  one fused step of any optimizer over in-place DLPack arrays (NumPy, PyTorch, ...), states
+                    made, quantized and decoded; needs neither torch nor jax
+  lbopt.torch_ops   every operator of the library's registry as a torch custom op (torch.ops.lbopt.*)
+  lbopt.jax         the registry's operators through an XLA FFI custom call, and optax transformations
+  lbopt.demo        a character-level language model trained with fp32, 8-bit and 4-bit states
+
+This module: the loaded library's version() and build_info(), the threads of its CPU pool
+(set_num_threads, get_num_threads), and the errors it raises (LbOptError, LbOptTypeError, LbOptValueError).
 """
 import json
 

@@ -22,12 +22,27 @@ for its own rows: nothing is gathered. Params sharded on another dim than 0 (ten
 states are refused here.
 """
 import sys
+from typing import NamedTuple
 
 import torch
 
 from . import _abi
 from ._import import unpack
 from .functional import KINDS
+
+
+class Reblocked(NamedTuple):
+    """A moment of a checkpoint cut differently than this process's state: decoded, for the caller to encode."""
+    name: str  # the state's name (exp_avg, momentum_buffer, ...)
+    moment: int  # its lbopt_moment (which codebook)
+    values: torch.Tensor  # float32 values of the local tensor in row-major order, flat
+
+
+class _Geometry(NamedTuple):
+    """How a param's quantized states are checkpointed by rows."""
+    row_size: int  # elements in a row (dim 0 indexes the rows)
+    block: int  # elements of a block of scales
+    max_blocks: int  # the most blocks a row can overlap, whatever the cut: the scale columns per row
 
 
 def dtensor_type():
@@ -53,7 +68,7 @@ def _row_offset(p):
 
 
 def _geometry(p, kind, what):
-    """(row size L, block B, K) of a param whose quantized states are checkpointed by rows."""
+    """The _Geometry of a param whose quantized states are checkpointed by rows."""
     if is_dtensor(p) and (p.dim() == 0 or any(pl.is_shard() and pl.dim != 0 for pl in p.placements)):
         raise ValueError(f"lbopt: {what}: a sharded checkpoint of {p.dim()}-d param with placements "
                          f"{tuple(p.placements)} and quantized states needs dim-0 sharding (fully_shard's); "
@@ -61,7 +76,7 @@ def _geometry(p, kind, what):
     rows = _rows(p.shape)
     size = p.numel() // rows if rows else 0
     block = _abi.layout(kind, 0).block_size
-    return size, block, (max(size, 1) - 1 + block - 1) // block + 1
+    return _Geometry(size, block, (max(size, 1) - 1 + block - 1) // block + 1)
 
 
 def _global(local, p, shape=None):
@@ -126,8 +141,8 @@ def is_checkpoint(entry, p):
 def from_checkpoint(entry, p, local, state, what, moments, codebook):
     """Fill `state` (fresh tensors of this optimizer's kind over `local`, row-major) from a checkpoint entry, as
     loaded for this process (DTensors on this mesh for a DTensor param). codebook(kind, second) gives lbopt's
-    code values. Returns the moments cut differently when saved, as (name, moment, float32 values of `local` in
-    row-major order, flat) for the caller to encode."""
+    code values. Returns the moments cut differently when saved (a list of Reblocked), for the caller to
+    encode."""
     kind = KINDS[state["state_kind"]]
     reblock = []
     for name, moment in moments:
@@ -167,5 +182,5 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook):
         scale = table[r, 1 + (offset + col) // block - offset // block]
         values = (codebook(kind, moment == _abi.MOMENT_SECOND).to(codes.device)[codes.long()] if kind != _abi.STATE_FP8
                   else codes.view(torch.float8_e4m3fn).to(torch.float32)) * scale
-        reblock.append((name, moment, values))
+        reblock.append(Reblocked(name, moment, values))
     return reblock

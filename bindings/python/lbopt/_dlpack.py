@@ -1,7 +1,8 @@
-"""Borrowed DLTensor views of any object that exports DLPack (NumPy, PyTorch, CuPy, ...).
+"""Borrowed DLTensor views of any object that exports DLPack (NumPy, PyTorch, CuPy, ...), for lbopt.functional.
 
 A view keeps its producer alive (the capsule, which is never consumed or renamed, or the tensor itself), so the
-memory it points to stays valid for as long as the view is used.
+memory it points to stays valid for as long as the view is used. lbopt._torch_views builds Views of torch
+tensors from their metadata instead of a capsule.
 """
 import ctypes
 

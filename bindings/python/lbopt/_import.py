@@ -1,26 +1,43 @@
-"""Optimizer states saved by other AdamW implementations, converted into lbopt states at load_state_dict.
+"""Optimizer states saved by other libraries, converted into lbopt states by lbopt.torch's load_state_dict.
 
-Recognized, per param entry of a state dict:
+Recognized, per param entry of a state dict, for the states the loading optimizer uses:
   * torch.optim.AdamW / Adam (and torchao's plain states of small params): exp_avg, exp_avg_sq [, max_exp_avg_sq]
     as float tensors shaped like the param;
   * torchao AdamW4bit / AdamW8bit / AdamWFp8: exp_avg, exp_avg_sq as tensor subclasses carrying codes, scale and
     (4- and 8-bit) qmap;
   * bitsandbytes AdamW8bit / Adam8bit (state1, state2 uint8 codes, absmax1, absmax2, qmap1, qmap2) and their
-    32-bit variants (state1, state2 float32), flat or under "__bnb_optimizer_quant_state__" (bitsandbytes >= 0.45).
+    32-bit variants (state1, state2 float32), flat or under "__bnb_optimizer_quant_state__" (bitsandbytes >= 0.45);
+  * any other state as a float tensor under its lbopt name (torch.optim.SGD's momentum_buffer).
 Where a saved moment is already in the target kind's format (torchao's codebooks and blocks are lbopt's, and
 bitsandbytes' 8-bit blockwise maps are lbopt's 8-bit maps) its codes and scales are copied as they are; otherwise
 it is decoded to float32 and encoded into the target kind. Neither torchao nor bitsandbytes is imported here:
 their objects are read through their attributes.
 """
+from typing import NamedTuple, Optional
+
 import torch
 
 from . import _abi
+from ._torch_views import tensor_view
 
 _BNB_NESTED = "__bnb_optimizer_quant_state__"
-# lbopt moment name -> (torch/torchao key, bitsandbytes key, lbopt moment)
-_MOMENTS = (("exp_avg", "exp_avg", "1", _abi.MOMENT_FIRST), ("exp_avg_sq", "exp_avg_sq", "2", _abi.MOMENT_SECOND),
-            ("max_exp_avg_sq", "max_exp_avg_sq", None, _abi.MOMENT_SECOND))
+# The number of the bitsandbytes state (state1, absmax1, qmap1, ...) that holds each AdamW moment; torch.optim and
+# torchao save every state under lbopt's name of it.
+_BNB_INDEX = {"exp_avg": "1", "exp_avg_sq": "2"}
 _SOURCE_KIND = {16: _abi.STATE_4BIT, 256: _abi.STATE_8BIT}  # codebook size -> lbopt kind with that codebook
+
+
+class Plain(NamedTuple):
+    """A saved moment held as float values shaped like the param (torch.optim, torchao's small params)."""
+    values: torch.Tensor
+
+
+class Coded(NamedTuple):
+    """A saved moment held as codes and per-block scales (torchao's low-bit states, bitsandbytes' 8-bit ones)."""
+    kind: int  # the lbopt state kind with the same code format
+    codes: torch.Tensor  # uint8 (4-bit codes two to a byte, float8 codes as their bytes)
+    scales: torch.Tensor
+    qmap: Optional[torch.Tensor]  # the codebook; None for float8 codes
 
 
 def is_foreign(entry, names):
@@ -31,37 +48,36 @@ def is_foreign(entry, names):
 
 
 def moments(entry, what, names):
-    """{lbopt state name: ("plain", float tensor) or ("coded", source kind, codes, scales, qmap or None)} and
-    the saved step of a foreign entry, for the states `names` of the optimizer loading it: AdamW's moments in
-    any format above; any other state as a float tensor under its own name (torch.optim.SGD's momentum_buffer)."""
+    """{lbopt state name: Plain or Coded} and the saved step of a foreign entry, for the states `names` of the
+    optimizer loading it: AdamW's moments in any format above; any other state as a float tensor under its own
+    name (torch.optim.SGD's momentum_buffer)."""
     out = {}
     bnb = entry.get(_BNB_NESTED, entry)
-    adamw = {m[0]: m for m in _MOMENTS}
-    for name, key, bnb_index, _ in (adamw.get(n, (n, n, None, None)) for n in names):
-        value = entry.get(key)
+    for name in names:
+        value, bnb_index = entry.get(name), _BNB_INDEX.get(name)
         if value is None and bnb_index is not None:
             value = bnb.get("state" + bnb_index)
             if value is not None and value.dtype == torch.uint8:
                 absmax, qmap = bnb.get("absmax" + bnb_index), bnb.get("qmap" + bnb_index)
-                out[name] = ("coded", _abi.STATE_8BIT, value, absmax, qmap)
-                if out[name][3] is None or out[name][4] is None:
+                if absmax is None or qmap is None:
                     raise ValueError(f"lbopt: the bitsandbytes state{bnb_index} of {what} has no absmax or qmap")
+                out[name] = Coded(_abi.STATE_8BIT, value, absmax, qmap)
                 continue
         if value is None:
             continue
         if hasattr(value, "codes") and hasattr(value, "scale"):  # a torchao low-bit state
             codes = value.codes
             if codes.dtype == torch.float8_e4m3fn:
-                out[name] = ("coded", _abi.STATE_FP8, codes.view(torch.uint8), value.scale, None)
+                out[name] = Coded(_abi.STATE_FP8, codes.view(torch.uint8), value.scale, None)
             else:
                 kind = _SOURCE_KIND.get(value.qmap.numel())
                 if kind is None:
-                    raise ValueError(f"lbopt: {key} of {what} has a codebook of {value.qmap.numel()} entries")
-                out[name] = ("coded", kind, codes, value.scale, value.qmap)
+                    raise ValueError(f"lbopt: {name} of {what} has a codebook of {value.qmap.numel()} entries")
+                out[name] = Coded(kind, codes, value.scale, value.qmap)
         elif torch.is_tensor(value) and value.is_floating_point():
-            out[name] = ("plain", value)
+            out[name] = Plain(value)
         else:
-            raise ValueError(f"lbopt: {key} of {what} is a {type(value).__name__}, not a state this library reads")
+            raise ValueError(f"lbopt: {name} of {what} is a {type(value).__name__}, not a state this library reads")
     if not out:
         raise ValueError(f"lbopt: the saved state of {what} holds no moments lbopt can read")
     return out, entry.get("step", bnb.get("step"))
@@ -78,10 +94,8 @@ def _codebook(kind, second):
     codes = torch.arange(n, dtype=torch.uint8)
     if kind == _abi.STATE_4BIT:
         codes = (codes[0::2] << 4) | codes[1::2]
-    from .torch import _view  # the views of torch tensors; lbopt.torch imports this module lazily
-
     values = torch.empty(n)
-    views = [_view(codes), _view(torch.ones(1)), _view(values)]  # alive across the call
+    views = [tensor_view(codes), tensor_view(torch.ones(1)), tensor_view(values)]  # alive across the call
     state = _abi.State(views[0].ptr, views[1].ptr)
     _abi.check(_abi.lib.lbopt_dequantize(kind, _abi.MOMENT_SECOND if second else _abi.MOMENT_FIRST, state,
                                          views[2].ptr, None))
@@ -101,13 +115,13 @@ def codebook(kind, second):
 def decode(source, numel, what, name):
     """A saved moment as float32 values in row-major order of the param (torchao and bitsandbytes flatten
     row-major), checked against the param's element count."""
-    if source[0] == "plain":
-        values = source[1]
+    if isinstance(source, Plain):
+        values = source.values
         if values.numel() != numel:
             raise ValueError(f"lbopt: {name} of {what} has {values.numel()} elements, the param {numel}")
         return values.detach().to(torch.float32).reshape(-1)
-    _, kind, codes, scales, qmap = source
-    codes = unpack(codes.reshape(-1), kind)
+    scales, qmap = source.scales, source.qmap
+    codes = unpack(source.codes.reshape(-1), source.kind)
     if codes.numel() < numel or codes.numel() > numel + 1 or scales.numel() == 0:
         raise ValueError(f"lbopt: {name} of {what} has {codes.numel()} codes, the param {numel} elements")
     codes = codes[:numel].long()
@@ -120,9 +134,8 @@ def decode(source, numel, what, name):
 def copyable(source, kind, second, numel):
     """Whether a coded source is already an lbopt state of `kind` for a row-major param: same codebook, same
     blocks, same packing."""
-    if source[0] != "coded" or source[1] != kind or kind == _abi.STATE_FP32:
+    if not isinstance(source, Coded) or source.kind != kind or kind == _abi.STATE_FP32:
         return False
-    _, _, codes, scales, qmap = source
     lay = _abi.layout(kind, numel)
-    return (codes.numel() == lay.codes_numel and scales.numel() == lay.scales_numel
-            and (qmap is None or torch.equal(qmap.to(torch.float32).cpu(), codebook(kind, second))))
+    return (source.codes.numel() == lay.codes_numel and source.scales.numel() == lay.scales_numel
+            and (source.qmap is None or torch.equal(source.qmap.to(torch.float32).cpu(), codebook(kind, second))))

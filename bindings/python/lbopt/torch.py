@@ -5,6 +5,11 @@ Every step() reads each group's lr as a host double (a Python float, or a tensor
 it by value, so any torch.optim.lr_scheduler works unchanged and a schedule that changes the lr every step costs
 nothing. All tensors of a param group (per device and state kind) go to the library in one call.
 
+state_dict() holds each param's states in one checkpoint form for plain and FSDP2 (DTensor) params
+(lbopt._checkpoint); load_state_dict() also reads states saved by torch.optim, torchao and bitsandbytes
+(lbopt._import). The classes with a fixed state kind (AdamW4bit ... AdEMAMix) are written by
+tools/gen_torch_classes.py.
+
     from lbopt.torch import AdamW4bit
     opt = AdamW4bit(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=1000)
@@ -16,51 +21,20 @@ import math
 import numbers
 import operator
 import re
+from typing import NamedTuple
 
 import torch
 
 from . import _abi, _checkpoint, _import
 from ._dlpack import View
+from ._torch_views import dl_device, dl_dtype, tensor_view
 from .functional import KINDS, kind_id
 
-__all__ = ["AdamW4bit", "AdamW8bit", "AdamWFp8", "Adam4bit", "Adam8bit", "AdamFp8", "AdamW", "LowBitAdamW",
-           "SGD4bit", "SGD8bit", "SGDFp8", "SGD", "LowBitSGD", "Lion4bit", "Lion8bit", "LionFp8", "Lion", "LowBitLion",
-           "AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8", "AdEMAMix", "LowBitAdEMAMix",
-           "to_torch_adamw_state_dict", "load_torch_adamw_state_dict"]
+__all__ = ["LowBitAdamW", "LowBitSGD", "LowBitLion", "LowBitAdEMAMix", "to_torch_adamw_state_dict",
+           "load_torch_adamw_state_dict"]  # and the optimizer classes, added where they are generated
 
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
 _MOMENTS = (("exp_avg", _abi.MOMENT_FIRST), ("exp_avg_sq", _abi.MOMENT_SECOND), ("max_exp_avg_sq", _abi.MOMENT_SECOND))
-
-
-def _dl_dtype(dt):
-    """DLPack (code, bits, lanes) of a torch dtype; the library judges whether it is supported."""
-    bits = dt.itemsize * 8
-    if dt == torch.bfloat16:
-        return (_abi.kDLBfloat, bits, 1)
-    if dt.is_complex:
-        return (5, bits, 1)
-    if dt.is_floating_point:
-        return (_abi.kDLFloat, bits, 1)
-    if dt == torch.bool:
-        return (6, bits, 1)
-    return (_abi.kDLInt if dt.is_signed else _abi.kDLUInt, bits, 1)
-
-
-def _dl_device(t):
-    if t.device.type == "cpu":
-        return (_abi.kDLCPU, 0)
-    if t.device.type == "cuda":
-        return (_abi.kDLCUDA, t.device.index)
-    raise ValueError(f"lbopt: tensors on {t.device} are not supported (cpu or cuda)")
-
-
-def _view(t):
-    """A DLTensor view of a strided tensor, built from its metadata (no DLPack capsule). The view holds the tensor's
-    storage too, so the memory it points to stays allocated even if the tensor's data is later swapped."""
-    if t.layout != torch.strided:
-        raise TypeError(f"lbopt: {t.layout} tensors are not supported; gradients and params must be dense")
-    device = _dl_device(t)
-    return View.from_parts(t.data_ptr(), t.shape, t.stride(), _dl_dtype(t.dtype), device, (t, t.untyped_storage()))
 
 
 def _local(t, p, name):
@@ -144,19 +118,27 @@ def _check_dim_order(order, p):
     return tuple(order)
 
 
+class _CallKey(NamedTuple):
+    """What the params stepped by one call of a param group share."""
+    device: torch.device
+    kind: int  # the lbopt_state_kind of their states
+
+
 class _ParamSlot:
     """The lbopt_slot of one param, with the views it points to: built once and reused while the param's data,
     dtype, shape, strides and device, the states its step uses and their tensors stay the same; the grad is set
-    on every step."""
+    on every step. p is the tensor stepped: `param` itself or its local shard; `param` and `param_name` are what
+    an error names."""
 
-    def __init__(self, p, state, names):
+    def __init__(self, p, state, names, param, param_name):
+        self.param, self.param_name = param, param_name
         self.param_key = _param_key(p)
         self.param_stride = p.stride()
         self.names = names
-        self.call_key = (p.device, KINDS[state["state_kind"]])
+        self.call_key = _CallKey(p.device, KINDS[state["state_kind"]])
         self.state_keys = tuple(k for k, v in state.items() if torch.is_tensor(v))
         self.state_tensors = tuple(state[k] for k in self.state_keys)
-        self.views = [_view(p)]
+        self.views = [tensor_view(p)]
         self.slot = _abi.Slot()
         self.slot.struct_size = ctypes.sizeof(_abi.Slot)
         self.slot.param = self.views[0].ptr
@@ -181,7 +163,7 @@ class _ParamSlot:
             stride = g.stride()
         key = (g.dtype, g.shape, stride, g.device)
         if key != self.grad_key:
-            self.grad.set(g.data_ptr(), g.shape, stride, _dl_dtype(g.dtype), _dl_device(g), None)
+            self.grad.set(g.data_ptr(), g.shape, stride, dl_dtype(g.dtype), dl_device(g), None)
             self.grad_key = key
             self.slot.grad = self.grad.ptr
         else:
@@ -189,32 +171,40 @@ class _ParamSlot:
         return g
 
 
+class _Batch(NamedTuple):
+    """What one call of a step steps, in order: lists rather than an object per param, which would cost more
+    than the rest of planning a small tensor's step."""
+    param_slots: list  # _ParamSlot
+    states: list  # the state dict each step counts in
+    grads: list  # the tensor each slot's grad points to, held until the call
+
+
 class _Call:
     """One lbopt_step of a step(): the slots of one param group, device and state kind. Kept from step to step
     while the group steps the same slots in the same order: its slot array is built once, and each param's slot
     is then the array's element itself, so a step only writes the grad pointers and step counts into it."""
 
-    def __init__(self, device, entries):
+    def __init__(self, device, batch):
         self.device = device
-        self.signature = _signature(entries)
-        n = self.n = len(entries)
+        self.signature = batch.param_slots  # compared element by element, by identity first
+        n = self.n = len(batch.param_slots)
         self.slots = (_abi.Slot * n)()
-        for i, (_, ps, *_) in enumerate(entries):
+        for i, ps in enumerate(batch.param_slots):
             self.slots[i] = ps.slot
             ps.slot = self.slots[i]  # shares the array's memory
         self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)  # every entry is written by each call
-        self.skipped_view = _view(self.skipped)
+        self.skipped_view = tensor_view(self.skipped)
 
-    def prepare(self, cfg, lr, entries, grad_scale, found_inf, read_skipped):
-        """This step's config, lr, entries (state, _ParamSlot, grad, (param, name)) and AMP scalars."""
-        self.cfg, self.lr, self.entries, self.read_skipped = cfg, lr, entries, read_skipped
+    def prepare(self, cfg, lr, batch, grad_scale, found_inf, read_skipped):
+        """This step's config, lr, _Batch and AMP scalars."""
+        self.cfg, self.lr, self.batch, self.read_skipped = cfg, lr, batch, read_skipped
         self.opts = _abi.StepOptions()
         self.opts.struct_size = ctypes.sizeof(self.opts)
         self.opts.skipped = self.skipped_view.ptr
         self.keep = []
         for field, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
             if t is not None:
-                v = _view(t.to(device=self.device, dtype=torch.float32))
+                v = tensor_view(t.to(device=self.device, dtype=torch.float32))
                 self.keep.append(v)
                 setattr(self.opts, field, v.ptr)
         if self.device.type == "cuda":
@@ -229,7 +219,8 @@ class _Call:
             slot = re.match(r"slots\[(\d+)\]", str(e))
             if slot is None:
                 raise
-            raise type(e)(e.status, f"lbopt: {_what(*self.entries[int(slot.group(1))][3])}: {e}") from None
+            ps = self.batch.param_slots[int(slot.group(1))]
+            raise type(e)(e.status, f"lbopt: {_what(ps.param, ps.param_name)}: {e}") from None
 
     def validate(self):
         self._check(_abi.lib.lbopt_step_validate)
@@ -239,17 +230,12 @@ class _Call:
         self._check(_abi.lib.lbopt_step)
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
         if not self.read_skipped:
-            for entry in self.entries:
-                entry[0]["step"] += 1
+            for state in self.batch.states:
+                state["step"] += 1
             return
-        for entry, skipped in zip(self.entries, self.skipped.tolist()):
+        for state, skipped in zip(self.batch.states, self.skipped.tolist()):
             if not skipped:
-                entry[0]["step"] += 1
-
-
-def _signature(entries):
-    """The slots a call steps, in order (compared element by element, by identity first)."""
-    return [e[1] for e in entries]
+                state["step"] += 1
 
 
 class _LowBit(torch.optim.Optimizer):
@@ -366,11 +352,12 @@ class _LowBit(torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             yield from ((p, group, n) for p, n in zip(group["params"], names))
 
-    def _slot(self, p, t, state, names):
+    def _slot(self, p, t, state, names, param_name):
         """The param's slot and the state dict it steps: the cached slot while it is fresh; else a new one, over a
         new state dict where the states had to be re-laid out for a new memory order or gain a state the group
         now needs (amsgrad or momentum turned on later: it starts at zero), which the caller commits once the step
-        is validated; the old tensors are never written. t is the tensor stepped for p: p, or its local shard."""
+        is validated; the old tensors are never written. t is the tensor stepped for p: p, or its local shard;
+        param_name is p's name or None."""
         cached = self._slots.get(id(p))
         if cached is not None and cached.fresh(t, state, names):
             return cached, state
@@ -380,7 +367,7 @@ class _LowBit(torch.optim.Optimizer):
         for name, _ in names:
             if name + "_codes" not in state:
                 state = {**state, **_zero_state(KINDS[state["state_kind"]], t, name)}
-        cached = self._slots[id(p)] = _ParamSlot(t, state, names)
+        cached = self._slots[id(p)] = _ParamSlot(t, state, names, p, param_name)
         return cached, state
 
     # ---- the step --------------------------------------------------------------------------------------------
@@ -425,7 +412,7 @@ class _LowBit(torch.optim.Optimizer):
         for group in self.param_groups:
             lr = _lr(group)
             names = self._states(group)
-            by_call = {}  # (device, kind) -> [(state, slot, grad, (param, name))]
+            by_call = {}  # _CallKey -> _Batch
             for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
                 grad = p.grad
                 if grad is None:
@@ -435,17 +422,22 @@ class _LowBit(torch.optim.Optimizer):
                 if g is not grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
                     g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
                 old = state_of(p)
-                ps, state = self._slot(p, t, old or self._init_state(p, group, name), names)
+                ps, state = self._slot(p, t, old or self._init_state(p, group, name), names, name)
                 if state is not old:
                     pending[p] = state
                 grad = ps.set_grad(g, t)
                 ps.slot.step = state["step"] + 1
-                by_call.setdefault(ps.call_key, []).append((state, ps, grad, (p, name)))
-            for key, entries in by_call.items():
+                batch = by_call.get(ps.call_key)
+                if batch is None:
+                    batch = by_call[ps.call_key] = _Batch([], [], [])
+                batch.param_slots.append(ps)
+                batch.states.append(state)
+                batch.grads.append(grad)
+            for key, batch in by_call.items():
                 call = self._calls.get((id(group), key))
-                if call is None or call.signature != _signature(entries):
-                    call = self._calls[(id(group), key)] = _Call(key[0], entries)
-                calls.append(call.prepare(self._config(group, key[1]), lr, entries, grad_scale, found_inf,
+                if call is None or call.signature != batch.param_slots:
+                    call = self._calls[(id(group), key)] = _Call(key.device, batch)
+                calls.append(call.prepare(self._config(group, key.kind), lr, batch, grad_scale, found_inf,
                                           read_skipped))
         return calls
 
@@ -541,9 +533,8 @@ class _LowBit(torch.optim.Optimizer):
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
-        for moment_name, moment, values in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group),
-                                                                       _import.codebook):
-            _encode(st, moment_name, moment, values, what)
+        for moment in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group), _import.codebook):
+            _encode(st, moment.name, moment.moment, moment.values, what)
         return st
 
     def _convert_foreign(self, p, group, name, entry):
@@ -566,9 +557,9 @@ class _LowBit(torch.optim.Optimizer):
         if all(_import.copyable(sources[n], kind, m == _abi.MOMENT_SECOND, t.numel()) for n, m in needed):
             _set_order(st, tuple(range(t.dim())))
             for moment_name, _ in needed:
-                st[moment_name + "_codes"] = sources[moment_name][2].reshape(-1).to(t.device, torch.uint8, copy=True)
-                st[moment_name + "_scales"] = sources[moment_name][3].reshape(-1).to(t.device, torch.float32,
-                                                                                     copy=True)
+                source = sources[moment_name]
+                st[moment_name + "_codes"] = source.codes.reshape(-1).to(t.device, torch.uint8, copy=True)
+                st[moment_name + "_scales"] = source.scales.reshape(-1).to(t.device, torch.float32, copy=True)
             return st
         for moment_name, moment in needed:
             values = _import.decode(sources[moment_name], t.numel(), what, moment_name).to(t.device)
@@ -650,7 +641,7 @@ def _encode(state, moment_name, moment, values, what):
     """Quantize float32 values (any dense layout, read in memory order) into one moment of state; a refusal
     (NaN, Inf, a negative second moment) names the param."""
     try:
-        _abi.check(_abi.lib.lbopt_quantize(KINDS[state["state_kind"]], moment, _view(values).ptr,
+        _abi.check(_abi.lib.lbopt_quantize(KINDS[state["state_kind"]], moment, tensor_view(values).ptr,
                                            _state_of(state, moment_name, []), None))
     except _abi.LbOptError as e:
         raise type(e)(e.status, f"lbopt: {moment_name} of {what}: {e}") from None
@@ -675,7 +666,7 @@ def _relayout(state, p, order, names):
     for name, moment in names:
         if name + "_codes" in state:
             old = _empty_in_order(p.shape, _state_order(state, p), p.device)
-            _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), _view(old).ptr, None))
+            _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(state, name, []), tensor_view(old).ptr, None))
             out.update(_zero_state(kind, p, name))
             _encode(out, name, moment, _empty_in_order(p.shape, order, p.device).copy_(old), _what(p, None))
     _set_order(out, order)
@@ -782,45 +773,185 @@ class LowBitAdEMAMix(_LowBit):
                     weight_decay=_real(group["weight_decay"], "weight_decay"), **warm), 0
 
 
-def _kind_class(base, name, kind, doc):
-    """base with its state kind fixed."""
-    def __init__(self, params, *args, **kwargs):
-        base.__init__(self, params, *args, **{**kwargs, "state_kind": kind})
-
-    return type(name, (base,), {"__init__": __init__, "__doc__": doc + "\n" + (base.__doc__ or "")})
+# BEGIN GENERATED CLASSES: written by tools/gen_torch_classes.py from its table; edit that, then rerun it
 
 
-AdamW4bit = _kind_class(LowBitAdamW, "AdamW4bit", "4bit", "AdamW with 4-bit states (block 128), 1.06 bytes/param.")
-AdamW8bit = _kind_class(LowBitAdamW, "AdamW8bit", "8bit", "AdamW with 8-bit dynamic-map states (block 256).")
-AdamWFp8 = _kind_class(LowBitAdamW, "AdamWFp8", "fp8", "AdamW with float8 e4m3 states (block 256).")
-AdamW = _kind_class(LowBitAdamW, "AdamW", "fp32", "AdamW with full-precision (fp32) states, fused in lbopt.")
+class AdamW4bit(LowBitAdamW):
+    """AdamW with 4-bit states (block 128), 1.06 bytes/param."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "4bit"})
 
 
-def _adam_class(name, kind, doc):
-    """Adam: L2 decay coupled into the gradient, torch.optim.Adam's default weight_decay of 0."""
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **kwargs):
-        LowBitAdamW.__init__(self, params, lr, betas, eps, weight_decay, amsgrad, **{**kwargs, "adam": True,
-                                                                                    "state_kind": kind})
+class AdamW8bit(LowBitAdamW):
+    """AdamW with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
 
-    return type(name, (LowBitAdamW,), {"__init__": __init__, "__doc__": doc})
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "8bit"})
 
 
-Adam4bit = _adam_class("Adam4bit", "4bit", "Adam (L2 decay coupled into the gradient), 4-bit states.")
-Adam8bit = _adam_class("Adam8bit", "8bit", "Adam (L2 decay coupled into the gradient), 8-bit states.")
-AdamFp8 = _adam_class("AdamFp8", "fp8", "Adam (L2 decay coupled into the gradient), float8 states.")
-SGD4bit = _kind_class(LowBitSGD, "SGD4bit", "4bit", "SGD with 4-bit states (block 128).")
-SGD8bit = _kind_class(LowBitSGD, "SGD8bit", "8bit", "SGD with 8-bit dynamic-map states (block 256).")
-SGDFp8 = _kind_class(LowBitSGD, "SGDFp8", "fp8", "SGD with float8 e4m3 states (block 256).")
-SGD = _kind_class(LowBitSGD, "SGD", "fp32", "SGD with full-precision (fp32) states.")
-Lion4bit = _kind_class(LowBitLion, "Lion4bit", "4bit", "Lion with 4-bit states (block 128).")
-Lion8bit = _kind_class(LowBitLion, "Lion8bit", "8bit", "Lion with 8-bit dynamic-map states (block 256).")
-LionFp8 = _kind_class(LowBitLion, "LionFp8", "fp8", "Lion with float8 e4m3 states (block 256).")
-Lion = _kind_class(LowBitLion, "Lion", "fp32", "Lion with full-precision (fp32) states.")
-AdEMAMix4bit = _kind_class(LowBitAdEMAMix, "AdEMAMix4bit", "4bit", "AdEMAMix with 4-bit states (block 128).")
-AdEMAMix8bit = _kind_class(LowBitAdEMAMix, "AdEMAMix8bit", "8bit",
-                           "AdEMAMix with 8-bit dynamic-map states (block 256).")
-AdEMAMixFp8 = _kind_class(LowBitAdEMAMix, "AdEMAMixFp8", "fp8", "AdEMAMix with float8 e4m3 states (block 256).")
-AdEMAMix = _kind_class(LowBitAdEMAMix, "AdEMAMix", "fp32", "AdEMAMix with full-precision (fp32) states.")
+class AdamWFp8(LowBitAdamW):
+    """AdamW with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "fp8"})
+
+
+class AdamW(LowBitAdamW):
+    """AdamW with full-precision (fp32) states, fused in lbopt."""
+    __doc__ += "\n" + LowBitAdamW.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, adam=False,
+                 **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, adam=adam,
+                         **{**common, "state_kind": "fp32"})
+
+
+class Adam4bit(LowBitAdamW):
+    """Adam (L2 decay coupled into the gradient), 4-bit states."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         **{**common, "adam": True, "state_kind": "4bit"})
+
+
+class Adam8bit(LowBitAdamW):
+    """Adam (L2 decay coupled into the gradient), 8-bit states."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         **{**common, "adam": True, "state_kind": "8bit"})
+
+
+class AdamFp8(LowBitAdamW):
+    """Adam (L2 decay coupled into the gradient), float8 states."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **common):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         **{**common, "adam": True, "state_kind": "fp8"})
+
+
+class SGD4bit(LowBitSGD):
+    """SGD with 4-bit states (block 128)."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "4bit"})
+
+
+class SGD8bit(LowBitSGD):
+    """SGD with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "8bit"})
+
+
+class SGDFp8(LowBitSGD):
+    """SGD with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "fp8"})
+
+
+class SGD(LowBitSGD):
+    """SGD with full-precision (fp32) states."""
+    __doc__ += "\n" + LowBitSGD.__doc__
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, **common):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, **{**common, "state_kind": "fp32"})
+
+
+class Lion4bit(LowBitLion):
+    """Lion with 4-bit states (block 128)."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "4bit"})
+
+
+class Lion8bit(LowBitLion):
+    """Lion with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "8bit"})
+
+
+class LionFp8(LowBitLion):
+    """Lion with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "fp8"})
+
+
+class Lion(LowBitLion):
+    """Lion with full-precision (fp32) states."""
+    __doc__ += "\n" + LowBitLion.__doc__
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **common):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, **{**common, "state_kind": "fp32"})
+
+
+class AdEMAMix4bit(LowBitAdEMAMix):
+    """AdEMAMix with 4-bit states (block 128)."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "4bit"})
+
+
+class AdEMAMix8bit(LowBitAdEMAMix):
+    """AdEMAMix with 8-bit dynamic-map states (block 256)."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "8bit"})
+
+
+class AdEMAMixFp8(LowBitAdEMAMix):
+    """AdEMAMix with float8 e4m3 states (block 256)."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "fp8"})
+
+
+class AdEMAMix(LowBitAdEMAMix):
+    """AdEMAMix with full-precision (fp32) states."""
+    __doc__ += "\n" + LowBitAdEMAMix.__doc__
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None, eps=1e-8,
+                 weight_decay=1e-2, **common):
+        super().__init__(params, lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
+                         weight_decay=weight_decay, **{**common, "state_kind": "fp32"})
+
+
+__all__ += ["AdamW4bit", "AdamW8bit", "AdamWFp8", "AdamW", "Adam4bit", "Adam8bit", "AdamFp8", "SGD4bit", "SGD8bit",
+            "SGDFp8", "SGD", "Lion4bit", "Lion8bit", "LionFp8", "Lion", "AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8",
+            "AdEMAMix"]
+# END GENERATED CLASSES
 
 
 # ---- conversion to and from torch.optim.AdamW state_dicts -----------------------------------------------------
@@ -842,7 +973,7 @@ def to_torch_adamw_state_dict(optimizer):
         for name, moment in _MOMENTS:
             if name + "_codes" in st:
                 dst = _empty_in_order(t.shape, _state_order(st, t), t.device)
-                _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(st, name, []), _view(dst).ptr, None))
+                _abi.check(_abi.lib.lbopt_dequantize(kind, moment, _state_of(st, name, []), tensor_view(dst).ptr, None))
                 entry[name] = dst
         out[pid] = entry
     return {"state": out, "param_groups": sd["param_groups"]}
@@ -855,7 +986,7 @@ def load_torch_adamw_state_dict(optimizer, torch_state_dict):
 
 
 def _state_of(st, name, keep):
-    codes = _view(st[name + "_codes"])
-    scales = _view(st[name + "_scales"]) if name + "_scales" in st else None
+    codes = tensor_view(st[name + "_codes"])
+    scales = tensor_view(st[name + "_scales"]) if name + "_scales" in st else None
     keep += [codes, scales]
     return _abi.State(codes.ptr, scales.ptr if scales else None)

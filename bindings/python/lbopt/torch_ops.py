@@ -11,15 +11,15 @@ as mutated (`Tensor(a!)`), optional ones as `Tensor?`; then the attributes as ty
 registry's defaults (double -> float, int64 -> int, bool -> bool, string -> str). Every op returns nothing: it
 writes its outputs in place. CPU and CUDA kernels call lbopt_op_invoke on DLPack views of the tensors (so they
 validate exactly like the C entry points); fake kernels do nothing, so FakeTensor tracing and torch.compile see
-the ops as opaque mutations. The tensor-lr steps (adamw_step_capturable_*) take lr and step as scalar tensors:
-a compiled program that calls them keeps one form whatever the schedule.
+the ops as opaque mutations. The tensor-lr steps (adamw_, sgd_, lion_ and ademamix_step_capturable_*) take lr
+and step as scalar tensors: a compiled program that calls them keeps one form whatever the schedule.
 """
 import ctypes
 
 import torch
 
 from . import _abi
-from .torch import _view
+from ._torch_views import tensor_view
 
 _TYPES = {_abi.ATTR_DOUBLE: "float", _abi.ATTR_INT64: "int", _abi.ATTR_BOOL: "bool", _abi.ATTR_STRING: "str"}
 
@@ -59,7 +59,7 @@ def _kernel(op_ptr):
 
     def kernel(*args, **kwargs):
         tensors = args[:n_tensors]
-        views = [None if t is None else _view(t) for t in tensors]
+        views = [None if t is None else tensor_view(t) for t in tensors]
         ptrs = (ctypes.POINTER(_abi.DLTensor) * n_tensors)(*[v.ptr if v is not None else None for v in views])
         # the attributes given, positionally or by name; the registry fills in the defaults of the others
         values = dict(zip((name for name, _ in attrs), args[n_tensors:]))
