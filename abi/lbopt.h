@@ -290,6 +290,26 @@ typedef struct lbopt_state_info {
 LBOPT_API lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config,
                                               lbopt_state_info states[LBOPT_MAX_STATES], size_t* n_states);
 
+/* One hyper-parameter or flag an optimizer reads (lbopt_optimizer_fields; since 0.4). */
+typedef struct lbopt_field_info {
+  const char* name;      /* static text: the lbopt_optimizer_config field, or the flag's registry attribute */
+  int32_t type;          /* lbopt_attr_type (below): LBOPT_ATTR_DOUBLE for a field, LBOPT_ATTR_BOOL for a flag */
+  uint32_t flag;         /* a flag's LBOPT_FLAG_ bit; 0 for a field */
+  double default_value;  /* the field's value after lbopt_optimizer_config_init; 0 for a flag (unset) */
+  double min;            /* a field's accepted values: min <= x, and x < max (x <= max if max_inclusive); */
+  double max;            /* an infinite max means any finite value */
+  int32_t max_inclusive;
+  int32_t reserved;      /* 0 */
+} lbopt_field_info;
+
+/* The fields and flags `optimizer` reads beyond state_kind, seed and the flags every optimizer reads (MAXIMIZE,
+ * BF16_STOCHASTIC_ROUND, SKIP_NONFINITE): *n_fields entries at *fields (static storage), fields first, in the
+ * order of its registry step operators' attributes. Rules across fields (SGD's Nesterov needs momentum > 0 and
+ * dampening = 0; AdEMAMix's beta3 warm-up needs beta1 > 0 and beta3 > 0) are lbopt_optimizer_config_validate's.
+ * Since 0.4. */
+LBOPT_API lbopt_status lbopt_optimizer_fields(lbopt_optimizer optimizer, const lbopt_field_info** fields,
+                                              size_t* n_fields);
+
 /* One parameter tensor and its states, as lbopt_adamw_slot: states[0 .. n) are the optimizer's (n from
  * lbopt_optimizer_states), the rest {NULL, NULL}. */
 typedef struct lbopt_slot {

@@ -1,8 +1,10 @@
-// The optimizers of the step engine: the only list of them. Each lives in one file under optim/ (its scalars,
-// their derivation from the hyper-parameters, its states and its element update); adding one adds that file and
-// a line in each table below.
+// The optimizers of the step engine: Optimizers below is the only list of them. Each lives in one file under optim/
+// (its descriptor, its scalars and their derivation from the hyper-parameters, its states and its element update);
+// the scalars union, with_optimizer and make_scalars follow from the list.
 #ifndef LBOPT_OPTIMIZERS_H
 #define LBOPT_OPTIMIZERS_H
+#include <type_traits>
+
 #include "optim/adamw.h"
 #include "optim/ademamix.h"
 #include "optim/lion.h"
@@ -10,33 +12,65 @@
 
 namespace lbopt {
 
-// One slot's derived scalars, whichever the optimizer.
-union OptScalars {
-  AdamW::Scalars adamw;
-  Sgd::Scalars sgd;
-  Lion::Scalars lion;
-  AdEMAMix::Scalars ademamix;
+template <class... Opts>
+struct OptimizerList {
+  static constexpr int size = int(sizeof...(Opts));
+};
+// In lbopt_optimizer order (OptimizerId): an optimizer's index is its id.
+using Optimizers = OptimizerList<AdamW, Sgd, Lion, AdEMAMix>;
+static_assert(Optimizers::size == kNumOptimizers, "one list entry per OptimizerId");
+
+template <int I, class List>
+struct OptimizerAt;
+template <class First, class... Rest>
+struct OptimizerAt<0, OptimizerList<First, Rest...>> {
+  using type = First;
+};
+template <int I, class First, class... Rest>
+struct OptimizerAt<I, OptimizerList<First, Rest...>> : OptimizerAt<I - 1, OptimizerList<Rest...>> {};
+
+// One slot's derived scalars, whichever the optimizer: a union of every optimizer's Scalars.
+template <class... Opts>
+union ScalarsUnion;
+template <>
+union ScalarsUnion<> {};
+template <class First, class... Rest>
+union ScalarsUnion<First, Rest...> {
+  typename First::Scalars first;
+  ScalarsUnion<Rest...> rest;
 
   template <class Opt>
-  LBOPT_HD const typename Opt::Scalars& get() const;
+  LBOPT_HD const typename Opt::Scalars& get() const {
+    if constexpr (std::is_same<Opt, First>::value) return first;
+    else return rest.template get<Opt>();
+  }
+  template <class Opt>
+  LBOPT_HD void set(const typename Opt::Scalars& s) {
+    if constexpr (std::is_same<Opt, First>::value) first = s;
+    else rest.template set<Opt>(s);
+  }
 };
-template <> LBOPT_HD const AdamW::Scalars& OptScalars::get<AdamW>() const { return adamw; }
-template <> LBOPT_HD const Sgd::Scalars& OptScalars::get<Sgd>() const { return sgd; }
-template <> LBOPT_HD const Lion::Scalars& OptScalars::get<Lion>() const { return lion; }
-template <> LBOPT_HD const AdEMAMix::Scalars& OptScalars::get<AdEMAMix>() const { return ademamix; }
 
-// f(Opt{}) for the optimizer of that id (validation accepts no other). Host code passes host-only callables (the
-// CUDA launcher), device code device ones: nvcc is told not to check which side f runs on.
+template <class List>
+struct ScalarsOf;
+template <class... Opts>
+struct ScalarsOf<OptimizerList<Opts...>> {
+  using type = ScalarsUnion<Opts...>;
+};
+using OptScalars = ScalarsOf<Optimizers>::type;
+
+// f(Opt{}) for the optimizer of that id (validation accepts no other; any other id is AdamW's). Host code passes
+// host-only callables (the CUDA launcher), device code device ones: nvcc is told not to check which side f runs on.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class F>
+template <int I = 1, class F>
 LBOPT_HD decltype(auto) with_optimizer(int id, F&& f) {
-  switch (id) {
-    case kSgd: return f(Sgd{});
-    case kLion: return f(Lion{});
-    case kAdEMAMix: return f(AdEMAMix{});
-    default: return f(AdamW{});
+  if constexpr (I < Optimizers::size) {
+    if (id == I) return f(typename OptimizerAt<I, Optimizers>::type{});
+    return with_optimizer<I + 1>(id, static_cast<F&&>(f));
+  } else {
+    return f(typename OptimizerAt<0, Optimizers>::type{});
   }
 }
 
@@ -44,12 +78,10 @@ LBOPT_HD decltype(auto) with_optimizer(int id, F&& f) {
 // by-value lr, on the device for the capturable step; both run this function.
 LBOPT_HD OptScalars make_scalars(const Hyper& h, double lr, int64_t step) {
   OptScalars s;
-  switch (h.optimizer) {
-    case kSgd: s.sgd = Sgd::make(h, lr, step); break;
-    case kLion: s.lion = Lion::make(h, lr, step); break;
-    case kAdEMAMix: s.ademamix = AdEMAMix::make(h, lr, step); break;
-    default: s.adamw = AdamW::make(h, lr, step);
-  }
+  with_optimizer(h.optimizer, [&](auto opt) {
+    using Opt = decltype(opt);
+    s.template set<Opt>(Opt::make(h, lr, step));
+  });
   return s;
 }
 

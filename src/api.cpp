@@ -1,7 +1,9 @@
 // The C entry points: argument checks (validate.cpp), then a backend call. Nothing else lives here, and no C++
 // exception leaves: anything thrown becomes a status.
+#include <math.h>
 #include <string.h>
 
+#include <array>
 #include <new>
 #include <vector>
 
@@ -74,6 +76,34 @@ struct AdamwCall {
     return b;
   }
 };
+
+// Each optimizer's lbopt_field_info entries, from its descriptor.
+struct FieldTable {
+  lbopt_field_info v[16];
+  size_t n = 0;
+};
+
+template <class Opt>
+FieldTable field_table() {
+  FieldTable t;
+  for (const Param& p : Opt::kParams) {
+    const double max = p.range == ValueRange::kNonneg ? INFINITY : 1.0;
+    t.v[t.n++] = {p.name, LBOPT_ATTR_DOUBLE, 0, p.default_value, 0.0, max, p.range == ValueRange::kUnitClosed, 0};
+  }
+  for (const char* name : Opt::kFlagNames)
+    if (name) t.v[t.n++] = {name, LBOPT_ATTR_BOOL, config_field(name)->flag, 0.0, 0.0, 0.0, 0, 0};
+  return t;
+}
+
+const FieldTable& fields_of(int optimizer) {
+  static const std::array<FieldTable, kNumOptimizers> tables = [] {
+    std::array<FieldTable, kNumOptimizers> t;
+    for (int id = 0; id < kNumOptimizers; ++id)
+      with_optimizer(id, [&](auto opt) { t[size_t(id)] = field_table<decltype(opt)>(); });
+    return t;
+  }();
+  return tables[size_t(optimizer)];
+}
 
 }  // namespace
 }  // namespace lbopt
@@ -167,6 +197,19 @@ lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config, lbopt_
         states[k] = {Opt::kStateNames[k], Opt::second_moment(k) ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_FIRST};
     });
     *n_states = size_t(n);
+    return LBOPT_OK;
+  });
+}
+
+lbopt_status lbopt_optimizer_fields(lbopt_optimizer optimizer, const lbopt_field_info** fields, size_t* n_fields) {
+  return guarded([&] {
+    if (!fields || !n_fields)
+      return fail(LBOPT_ERR_NULL_POINTER, "%s: pointer is NULL", fields ? "n_fields" : "fields");
+    if (!lbopt_optimizer_name(optimizer))
+      return fail(LBOPT_ERR_INVALID_VALUE, "optimizer = %d is not an lbopt_optimizer", int(optimizer));
+    const FieldTable& t = fields_of(optimizer);
+    *fields = t.v;
+    *n_fields = t.n;
     return LBOPT_OK;
   });
 }

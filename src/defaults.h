@@ -1,22 +1,24 @@
 // The defaults of lbopt_optimizer_config_init (and so of lbopt_adamw_config_init), which the registry's step
-// schemas advertise as theirs.
+// schemas advertise as theirs: each optimizer's descriptor (kernels/optim/*.h) for the fields it reads; a field it
+// does not read takes the default of the first optimizer (by lbopt_optimizer value) that reads it.
 #pragma once
-#include "lbopt.h"
+#include "config_fields.h"
 
 namespace lbopt {
 
+template <class Opt>
+void set_defaults(Config* c) {
+  for (const Param& p : Opt::kParams) c->*(config_field(p.name)->value) = p.default_value;
+}
+
 inline lbopt_optimizer_config default_config(lbopt_optimizer optimizer) {
-  lbopt_optimizer_config c{};
+  Config c{};
   c.struct_size = sizeof c;
   c.optimizer = optimizer;
   c.state_kind = LBOPT_STATE_4BIT;
-  c.beta1 = 0.9;
-  c.beta2 = optimizer == LBOPT_OPTIMIZER_LION ? 0.99 : 0.999;  // bitsandbytes' and the Lion paper's
-  c.beta3 = 0.9999;
-  c.eps = 1e-8;
-  c.weight_decay = optimizer == LBOPT_OPTIMIZER_SGD || optimizer == LBOPT_OPTIMIZER_LION ? 0.0 : 0.01;
-  c.momentum = 0.9;
-  c.alpha = 5.0;
+  for (int id = kNumOptimizers - 1; id >= 0; --id)  // the first reader's value last
+    with_optimizer(id, [&c](auto opt) { set_defaults<decltype(opt)>(&c); });
+  with_optimizer(int(optimizer), [&c](auto opt) { set_defaults<decltype(opt)>(&c); });
   return c;
 }
 

@@ -7,6 +7,7 @@
 
 #include "../kernels/optimizers.h"
 #include "../kernels/quant.h"
+#include "config_fields.h"
 #include "defaults.h"
 #include "error.h"
 #include "lbopt.h"
@@ -40,21 +41,9 @@ const lbopt_tensor_arg kCapturableTensors[] = {
     kStepTensors[8],
 };
 
-// Step attributes: lr and step by value, then the hyper-parameters that the tensor-lr step shares.
-const lbopt_attr_arg kStepAttrs[] = {
-    {"lr", LBOPT_ATTR_DOUBLE, 1, 0.0, 0, nullptr},
-    {"step", LBOPT_ATTR_INT64, 1, 0.0, 0, nullptr},
-    {"beta1", LBOPT_ATTR_DOUBLE, 0, default_config(LBOPT_OPTIMIZER_ADAMW).beta1, 0, nullptr},
-    {"beta2", LBOPT_ATTR_DOUBLE, 0, default_config(LBOPT_OPTIMIZER_ADAMW).beta2, 0, nullptr},
-    {"eps", LBOPT_ATTR_DOUBLE, 0, default_config(LBOPT_OPTIMIZER_ADAMW).eps, 0, nullptr},
-    {"weight_decay", LBOPT_ATTR_DOUBLE, 0, default_config(LBOPT_OPTIMIZER_ADAMW).weight_decay, 0, nullptr},
-    {"adam", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
-    {"amsgrad", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
-    {"maximize", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
-    {"bf16_stochastic_round", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
-    {"skip_nonfinite", LBOPT_ATTR_BOOL, 0, 0.0, 0, nullptr},
-    {"seed", LBOPT_ATTR_INT64, 0, 0.0, 0, nullptr},
-};
+// The by-value step's lr and step; the hyper-parameters that follow come from the optimizer's descriptor.
+const lbopt_attr_arg kLrAttr = {"lr", LBOPT_ATTR_DOUBLE, 1, 0.0, 0, nullptr};
+const lbopt_attr_arg kStepAttr = {"step", LBOPT_ATTR_INT64, 1, 0.0, 0, nullptr};
 
 const lbopt_tensor_arg kQuantizeTensors[] = {
     {"src", LBOPT_ROLE_IN, LBOPT_DTYPE_FLOAT32, 0, "any shape"},
@@ -83,11 +72,9 @@ const lbopt_attr_arg kSizedAttrs[] = {
     {"numel", LBOPT_ATTR_INT64, 1, 0.0, 0, nullptr},
 };
 
-const lbopt_attr_arg* const kHyperAttrs = kStepAttrs + 2;
-constexpr size_t kNumHyperAttrs = sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) - 2;
-
 // The operators of 0.1 and 0.2, written out: their tensor names (m, v, vmax) and order predate lbopt_step, and
-// bindings depend on them. They keep their indices; the generated step operators follow.
+// bindings depend on them. They keep their indices; the generated step operators follow. The AdamW steps'
+// attributes are AdamW's descriptor's, set when the registry is built.
 enum OpId {
   kStep4, kStep8, kStepFp8, kStepFp32, kQuantize, kDequantize, kStateInit, kStateLayout,
   kCapturable4, kCapturable8, kCapturableFp8, kCapturableFp32, kNumFixedOps
@@ -96,13 +83,13 @@ enum OpId {
 #define LBOPT_ARRAY(a) sizeof(a) / sizeof((a)[0]), a
 const lbopt_op_info kFixedOps[kNumFixedOps] = {
     {sizeof(lbopt_op_info), "lbopt.adamw_step.4bit", 1, "Fused AdamW/Adam step, 4-bit states",
-     LBOPT_ARRAY(kStepTensors), LBOPT_ARRAY(kStepAttrs)},
+     LBOPT_ARRAY(kStepTensors), 0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.adamw_step.8bit", 1, "Fused AdamW/Adam step, 8-bit states",
-     LBOPT_ARRAY(kStepTensors), LBOPT_ARRAY(kStepAttrs)},
+     LBOPT_ARRAY(kStepTensors), 0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.adamw_step.fp8", 1, "Fused AdamW/Adam step, float8 e4m3 states",
-     LBOPT_ARRAY(kStepTensors), LBOPT_ARRAY(kStepAttrs)},
+     LBOPT_ARRAY(kStepTensors), 0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.adamw_step.fp32", 1, "Fused AdamW/Adam step, fp32 states",
-     LBOPT_ARRAY(kStepTensors), LBOPT_ARRAY(kStepAttrs)},
+     LBOPT_ARRAY(kStepTensors), 0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.quantize", 1, "float32 -> state (moment 'm' or 'v')",
      LBOPT_ARRAY(kQuantizeTensors), LBOPT_ARRAY(kConvertAttrs)},
     {sizeof(lbopt_op_info), "lbopt.dequantize", 1, "state -> float32 (moment 'm' or 'v')",
@@ -113,105 +100,74 @@ const lbopt_op_info kFixedOps[kNumFixedOps] = {
      LBOPT_ARRAY(kLayoutTensors), LBOPT_ARRAY(kSizedAttrs)},
     {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.4bit", 1,
      "Fused AdamW/Adam step, 4-bit states, lr and step read from scalar tensors", LBOPT_ARRAY(kCapturableTensors),
-     kNumHyperAttrs, kHyperAttrs},
+     0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.8bit", 1,
      "Fused AdamW/Adam step, 8-bit states, lr and step read from scalar tensors", LBOPT_ARRAY(kCapturableTensors),
-     kNumHyperAttrs, kHyperAttrs},
+     0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.fp8", 1,
      "Fused AdamW/Adam step, float8 e4m3 states, lr and step read from scalar tensors",
-     LBOPT_ARRAY(kCapturableTensors), kNumHyperAttrs, kHyperAttrs},
+     LBOPT_ARRAY(kCapturableTensors), 0, nullptr},
     {sizeof(lbopt_op_info), "lbopt.adamw_step_capturable.fp32", 1,
      "Fused AdamW/Adam step, fp32 states, lr and step read from scalar tensors", LBOPT_ARRAY(kCapturableTensors),
-     kNumHyperAttrs, kHyperAttrs},
+     0, nullptr},
 };
 #undef LBOPT_ARRAY
 
-// The config field each step attribute sets, by the attribute's name: one name means one field in every operator,
-// and a generated schema takes its type from here and its default from default_config.
-struct Field {
-  const char* name;
-  int32_t type;                                      // lbopt_attr_type
-  double lbopt_optimizer_config::*value = nullptr;   // DOUBLE
-  uint32_t flag = 0;                                 // BOOL: the LBOPT_FLAG_ it sets
-};
-using Config = lbopt_optimizer_config;
-constexpr Field kFields[] = {
-    {"beta1", LBOPT_ATTR_DOUBLE, &Config::beta1},
-    {"beta2", LBOPT_ATTR_DOUBLE, &Config::beta2},
-    {"beta3", LBOPT_ATTR_DOUBLE, &Config::beta3},
-    {"alpha", LBOPT_ATTR_DOUBLE, &Config::alpha},
-    {"t_alpha", LBOPT_ATTR_DOUBLE, &Config::t_alpha},
-    {"t_beta3", LBOPT_ATTR_DOUBLE, &Config::t_beta3},
-    {"eps", LBOPT_ATTR_DOUBLE, &Config::eps},
-    {"weight_decay", LBOPT_ATTR_DOUBLE, &Config::weight_decay},
-    {"momentum", LBOPT_ATTR_DOUBLE, &Config::momentum},
-    {"dampening", LBOPT_ATTR_DOUBLE, &Config::dampening},
-    {"adam", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_ADAM_COUPLED_DECAY},
-    {"amsgrad", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_AMSGRAD},
-    {"nesterov", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_NESTEROV},
-    {"maximize", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_MAXIMIZE},
-    {"bf16_stochastic_round", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
-    {"skip_nonfinite", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_SKIP_NONFINITE},
-    {"seed", LBOPT_ATTR_INT64},  // the only integer field
-};
-
-constexpr bool same(const char* a, const char* b) {
-  while (*a && *a == *b) ++a, ++b;
-  return *a == *b;
-}
-constexpr const Field* field(const char* name) {
-  for (const Field& f : kFields)
-    if (same(f.name, name)) return &f;
-  return nullptr;  // lr, step: arguments of the call, not of the config
-}
-
-// What sets one optimizer's step operators apart (AdamW's are the fixed ones above). Everything else is derived
-// when the registry is built: op names from lbopt_optimizer_name and lbopt_state_kind_name, the state tensors
-// from the engine's state names (those lbopt_optimizer_states reports), attribute types from kFields and
-// defaults from default_config. Tensors: param, grad, (codes, scales) per state, [lr, step,] skipped; attributes:
-// [lr, step,] the optimizer's own, then kCommonAttrs.
-struct Family {
-  lbopt_optimizer optimizer;
-  const char* title;      // in the operators' doc
-  const char* stateless;  // the setting under which a step keeps no state (its tensors are then optional)
-  const char* attrs[8];   // the hyper-parameters this optimizer reads, in schema order
-};
-constexpr Family kFamilies[] = {
-    {LBOPT_OPTIMIZER_SGD, "SGD (momentum, Nesterov)", "momentum = 0",
-     {"momentum", "dampening", "weight_decay", "nesterov"}},
-    {LBOPT_OPTIMIZER_LION, "Lion", nullptr, {"beta1", "beta2", "weight_decay"}},
-    {LBOPT_OPTIMIZER_ADEMAMIX, "AdEMAMix", nullptr,
-     {"beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay"}},
-};
+// Every optimizer but AdamW (whose operators are the fixed ones above) gets step operators generated when the
+// registry is built, all from the engine: op names from lbopt_optimizer_name and lbopt_state_kind_name, docs from
+// the descriptor's kTitle, the state tensors from its state names (those lbopt_optimizer_states reports), optional
+// under its kStateless setting, the attributes from its descriptor (its params, then its flags; types from
+// kConfigFields, defaults from default_config). Tensors: param, grad, (codes, scales) per state, [lr, step,]
+// skipped; attributes: [lr, step,] the optimizer's own, then kCommonAttrs.
 constexpr const char* kCommonAttrs[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite", "seed"};
 
-constexpr bool all_fields_known() {
-  for (const char* name : kCommonAttrs)
-    if (!field(name)) return false;
-  for (const Family& f : kFamilies)
-    for (const char* name : f.attrs)
-      if (name && !field(name)) return false;
-  return true;
-}
-static_assert(all_fields_known(), "every attribute a family lists sets a config field of kFields");
-
 constexpr size_t kNumKinds = kNumStateKinds;  // quant.h's count, as the size_t the op tables index by
-constexpr size_t kNumFamilies = sizeof kFamilies / sizeof kFamilies[0];
+constexpr size_t kNumFamilies = size_t(kNumOptimizers) - 1;  // every optimizer but AdamW (id 0)
 constexpr size_t kOpsPerFamily = 2 * kNumKinds;  // by-value, then capturable, each for every kind
 constexpr size_t kOpCount = kNumFixedOps + kNumFamilies * kOpsPerFamily;
 
 constexpr size_t kMaxAttrs = 16;
-static_assert(sizeof(kStepAttrs) / sizeof(kStepAttrs[0]) <= kMaxAttrs, "Attrs holds every attribute of an op");
-static_assert(2 + sizeof(Family::attrs) / sizeof(char*) + sizeof kCommonAttrs / sizeof(char*) <= kMaxAttrs,
-              "Attrs holds every attribute of a generated op");
+
+// The step attributes of an optimizer: lr and step, its descriptor's params, then its flags, then kCommonAttrs,
+// with the types of kConfigFields and the defaults of default_config.
+struct StepAttrs {
+  lbopt_attr_arg v[kMaxAttrs];
+  size_t n = 0;
+};
+
+lbopt_attr_arg schema_of(const ConfigField& f, const Config& defaults) {
+  lbopt_attr_arg a{f.name, f.type, 0, 0.0, 0, nullptr};
+  if (f.type == LBOPT_ATTR_DOUBLE) a.default_double = defaults.*f.value;
+  else if (f.type == LBOPT_ATTR_BOOL) a.default_int = (defaults.flags & f.flag) != 0;
+  else a.default_int = int64_t(defaults.seed);
+  return a;
+}
+
+template <class Opt>
+void step_attrs(const Config& defaults, StepAttrs* a) {
+  static_assert(2 + sizeof Opt::kParams / sizeof(Param) + sizeof Opt::kFlagNames / sizeof(char*) +
+                        sizeof kCommonAttrs / sizeof(char*) <= kMaxAttrs,
+                "StepAttrs holds every attribute of a step operator");
+  a->v[a->n++] = kLrAttr;
+  a->v[a->n++] = kStepAttr;
+  for (const Param& p : Opt::kParams) a->v[a->n++] = schema_of(*config_field(p.name), defaults);
+  for (const char* name : Opt::kFlagNames)
+    if (name) a->v[a->n++] = schema_of(*config_field(name), defaults);
+  for (const char* name : kCommonAttrs) a->v[a->n++] = schema_of(*config_field(name), defaults);
+}
+
+StepAttrs step_attrs(lbopt_optimizer optimizer) {
+  StepAttrs a;
+  with_optimizer(optimizer, [&a, optimizer](auto opt) { step_attrs<decltype(opt)>(default_config(optimizer), &a); });
+  return a;
+}
 
 // One family's schemas: the text and arrays its operators point into.
 struct FamilySchemas {
   char state_names[2 * LBOPT_MAX_STATES][32];  // <state>_codes, <state>_scales
   char codes_shape[96];
   lbopt_tensor_arg tensors[2][2 + 2 * LBOPT_MAX_STATES + 3];  // [capturable]
-  lbopt_attr_arg attrs[kMaxAttrs];  // lr and step, then those the capturable operators take too
-  size_t n_attrs;
+  StepAttrs attrs;  // lr and step, then those the capturable operators take too
   char names[kOpsPerFamily][48], docs[kOpsPerFamily][112];
 };
 
@@ -223,20 +179,14 @@ struct StepOp {
   size_t n_states;
 };
 
-lbopt_attr_arg schema_of(const Field& f, const Config& defaults) {
-  lbopt_attr_arg a{f.name, f.type, 0, 0.0, 0, nullptr};
-  if (f.type == LBOPT_ATTR_DOUBLE) a.default_double = defaults.*f.value;
-  else if (f.type == LBOPT_ATTR_BOOL) a.default_int = (defaults.flags & f.flag) != 0;
-  else a.default_int = int64_t(defaults.seed);
-  return a;
-}
-
-void build(const Family& fam, FamilySchemas* s, lbopt_op_info* ops, StepOp* steps) {
-  const Config defaults = default_config(fam.optimizer);
+void build(lbopt_optimizer optimizer, FamilySchemas* s, lbopt_op_info* ops, StepOp* steps) {
   // The engine's names, not lbopt_optimizer_states: that is a status-returning call, and building the registry
   // inside lbopt_op_find must not clear the caller's lbopt_last_error().
-  const size_t n_states = with_optimizer(fam.optimizer, [s](auto opt) {
+  const char *title = nullptr, *stateless = nullptr;
+  const size_t n_states = with_optimizer(optimizer, [&](auto opt) {
     using Opt = decltype(opt);
+    title = Opt::kTitle;
+    stateless = Opt::kStateless;
     for (int k = 0; k < Opt::kMaxStates; ++k) {
       snprintf(s->state_names[2 * k], sizeof s->state_names[0], "%s_codes", Opt::kStateNames[k]);
       snprintf(s->state_names[2 * k + 1], sizeof s->state_names[0], "%s_scales", Opt::kStateNames[k]);
@@ -244,7 +194,7 @@ void build(const Family& fam, FamilySchemas* s, lbopt_op_info* ops, StepOp* step
     return size_t(Opt::kMaxStates);
   });
   snprintf(s->codes_shape, sizeof s->codes_shape, "lbopt_state_layout(kind, numel(param)).codes_numel%s%s",
-           fam.stateless ? "; absent with " : "", fam.stateless ? fam.stateless : "");
+           stateless ? "; absent with " : "", stateless ? stateless : "");
   size_t n_tensors = 0;
   for (int cap = 0; cap < 2; ++cap) {
     lbopt_tensor_arg* t = s->tensors[cap];
@@ -252,7 +202,7 @@ void build(const Family& fam, FamilySchemas* s, lbopt_op_info* ops, StepOp* step
     t[n++] = kStepTensors[0];  // param
     t[n++] = kStepTensors[1];  // grad
     for (size_t k = 0; k < n_states; ++k) {
-      t[n++] = {s->state_names[2 * k], LBOPT_ROLE_INOUT, kCodes, fam.stateless != nullptr, s->codes_shape};
+      t[n++] = {s->state_names[2 * k], LBOPT_ROLE_INOUT, kCodes, stateless != nullptr, s->codes_shape};
       t[n++] = {s->state_names[2 * k + 1], LBOPT_ROLE_INOUT, LBOPT_DTYPE_FLOAT32, 1, kStepTensors[3].shape};
     }
     if (cap) {
@@ -262,25 +212,19 @@ void build(const Family& fam, FamilySchemas* s, lbopt_op_info* ops, StepOp* step
     t[n++] = kStepTensors[8];  // skipped
     if (!cap) n_tensors = n;
   }
-  size_t n = 0;
-  s->attrs[n++] = kStepAttrs[0];  // lr
-  s->attrs[n++] = kStepAttrs[1];  // step
-  for (const char* name : fam.attrs)
-    if (name) s->attrs[n++] = schema_of(*field(name), defaults);
-  for (const char* name : kCommonAttrs) s->attrs[n++] = schema_of(*field(name), defaults);
-  s->n_attrs = n;
-  const char* optimizer = lbopt_optimizer_name(fam.optimizer);
+  s->attrs = step_attrs(optimizer);
+  const char* name = lbopt_optimizer_name(optimizer);
   for (size_t i = 0; i < kOpsPerFamily; ++i) {
     const bool cap = i >= kNumKinds;
     const lbopt_state_kind kind = lbopt_state_kind(i % kNumKinds);
-    snprintf(s->names[i], sizeof s->names[i], "lbopt.%s_step%s.%s", optimizer, cap ? "_capturable" : "",
+    snprintf(s->names[i], sizeof s->names[i], "lbopt.%s_step%s.%s", name, cap ? "_capturable" : "",
              lbopt_state_kind_name(kind));
-    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", fam.title, kStateKindDocs[kind],
+    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", title, kStateKindDocs[kind],
              cap ? ", lr and step read from scalar tensors" : "");
     const size_t skip = cap ? 2 : 0;  // the capturable operators take lr and step as tensors, not attributes
     ops[i] = {sizeof(lbopt_op_info), s->names[i], 1, s->docs[i], n_tensors + skip, s->tensors[cap],
-              s->n_attrs - skip, s->attrs + skip};
-    steps[i] = {fam.optimizer, kind, cap, n_states};
+              s->attrs.n - skip, s->attrs.v + skip};
+    steps[i] = {optimizer, kind, cap, n_states};
   }
 }
 
@@ -291,10 +235,14 @@ struct Registry {
   lbopt_op_info ops[kOpCount];
   StepOp steps[kOpCount - kNumFixedOps];
   FamilySchemas families[kNumFamilies];
-  Registry() : ops{}, steps{}, families{} {
+  StepAttrs adamw_attrs;
+  Registry() : ops{}, steps{}, families{}, adamw_attrs(step_attrs(LBOPT_OPTIMIZER_ADAMW)) {
     for (size_t i = 0; i < kNumFixedOps; ++i) ops[i] = kFixedOps[i];
+    for (size_t i = kStep4; i <= kStepFp32; ++i) ops[i].n_attrs = adamw_attrs.n, ops[i].attrs = adamw_attrs.v;
+    for (size_t i = kCapturable4; i <= kCapturableFp32; ++i)  // lr and step are tensors there
+      ops[i].n_attrs = adamw_attrs.n - 2, ops[i].attrs = adamw_attrs.v + 2;
     for (size_t f = 0; f < kNumFamilies; ++f)
-      build(kFamilies[f], &families[f], ops + kNumFixedOps + f * kOpsPerFamily, steps + f * kOpsPerFamily);
+      build(lbopt_optimizer(f + 1), &families[f], ops + kNumFixedOps + f * kOpsPerFamily, steps + f * kOpsPerFamily);
   }
 };
 static_assert(std::is_trivially_destructible<Registry>::value, "no destructor runs at exit");
@@ -324,7 +272,7 @@ lbopt_status config_of(lbopt_optimizer optimizer, lbopt_state_kind kind, const l
   LBOPT_TRY(lbopt_optimizer_config_init(c, sizeof *c, optimizer));
   c->state_kind = kind;
   for (size_t k = 0; k < op.n_attrs; ++k) {
-    const Field* f = field(op.attrs[k].name);
+    const ConfigField* f = config_field(op.attrs[k].name);
     if (!f) continue;
     if (f->type == LBOPT_ATTR_DOUBLE) c->*(f->value) = a[k].f;
     else if (f->type == LBOPT_ATTR_BOOL) c->flags = a[k].i ? c->flags | f->flag : c->flags & ~f->flag;

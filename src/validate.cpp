@@ -302,58 +302,34 @@ lbopt_status check_numel(int64_t numel) {
   return LBOPT_OK;
 }
 
-lbopt_status check_unit_interval(double x, const char* name) {
-  if (!(x >= 0.0 && x < 1.0)) return fail(LBOPT_ERR_INVALID_VALUE, "%s = %g is outside [0, 1)", name, x);
-  return LBOPT_OK;
-}
-
 lbopt_status check_finite_nonneg(double x, const char* name) {
   if (!(x >= 0.0 && isfinite(x))) return fail(LBOPT_ERR_INVALID_VALUE, "%s = %g must be finite and >= 0", name, x);
   return LBOPT_OK;
 }
 
-constexpr uint32_t kCommonFlags = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE;
+lbopt_status check_range(double x, const Param& p) {
+  const bool ok = p.range == ValueRange::kUnitOpen ? x >= 0.0 && x < 1.0
+                  : p.range == ValueRange::kUnitClosed ? x >= 0.0 && x <= 1.0
+                  : x >= 0.0 && isfinite(x);
+  if (ok) return LBOPT_OK;
+  if (p.range == ValueRange::kNonneg)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.%s = %g must be finite and >= 0", p.name, x);
+  return fail(LBOPT_ERR_INVALID_VALUE, "config.%s = %g is outside [0, 1%c", p.name, x,
+              p.range == ValueRange::kUnitOpen ? ')' : ']');
+}
+
 constexpr uint32_t kKnownFlags = LBOPT_FLAGS_ALL | LBOPT_FLAG_NESTEROV;
 
-// Each optimizer's own flags and ranges; fields an optimizer does not read are not checked.
+// An optimizer's fields, flags and rules as its descriptor gives them; fields it does not read are not checked.
+template <class Opt>
 lbopt_status check_optimizer_fields(const lbopt_optimizer_config& c) {
-  uint32_t allowed = kCommonFlags;
-  switch (c.optimizer) {
-    case LBOPT_OPTIMIZER_ADAMW:
-      allowed |= LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD;
-      LBOPT_TRY(check_unit_interval(c.beta1, "config.beta1"));
-      LBOPT_TRY(check_unit_interval(c.beta2, "config.beta2"));
-      LBOPT_TRY(check_finite_nonneg(c.eps, "config.eps"));
-      break;
-    case LBOPT_OPTIMIZER_SGD:
-      allowed |= LBOPT_FLAG_NESTEROV;
-      LBOPT_TRY(check_finite_nonneg(c.momentum, "config.momentum"));
-      if (!(c.dampening >= 0.0 && c.dampening <= 1.0))
-        return fail(LBOPT_ERR_INVALID_VALUE, "config.dampening = %g is outside [0, 1]", c.dampening);
-      if ((c.flags & LBOPT_FLAG_NESTEROV) && !(c.momentum > 0.0 && c.dampening == 0.0))
-        return fail(LBOPT_ERR_INVALID_VALUE, "config.flags: LBOPT_FLAG_NESTEROV needs config.momentum > 0 and "
-                    "config.dampening = 0 (they are %g and %g)", c.momentum, c.dampening);
-      break;
-    case LBOPT_OPTIMIZER_LION:
-      LBOPT_TRY(check_unit_interval(c.beta1, "config.beta1"));
-      LBOPT_TRY(check_unit_interval(c.beta2, "config.beta2"));
-      break;
-    default:  // AdEMAMix
-      LBOPT_TRY(check_unit_interval(c.beta1, "config.beta1"));
-      LBOPT_TRY(check_unit_interval(c.beta2, "config.beta2"));
-      LBOPT_TRY(check_unit_interval(c.beta3, "config.beta3"));
-      LBOPT_TRY(check_finite_nonneg(c.eps, "config.eps"));
-      LBOPT_TRY(check_finite_nonneg(c.alpha, "config.alpha"));
-      LBOPT_TRY(check_finite_nonneg(c.t_alpha, "config.t_alpha"));
-      LBOPT_TRY(check_finite_nonneg(c.t_beta3, "config.t_beta3"));
-      if (c.t_beta3 > 0.0 && !(c.beta1 > 0.0 && c.beta3 > 0.0))
-        return fail(LBOPT_ERR_INVALID_VALUE, "config.t_beta3 = %g: the beta3 warm-up needs config.beta1 > 0 and "
-                    "config.beta3 > 0 (they are %g and %g)", c.t_beta3, c.beta1, c.beta3);
-  }
-  LBOPT_TRY(check_finite_nonneg(c.weight_decay, "config.weight_decay"));
+  for (const Param& p : Opt::kParams) LBOPT_TRY(check_range(c.*(config_field(p.name)->value), p));
+  const uint32_t allowed = flags_of<Opt>();
   if (c.flags & ~allowed)
     return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has bits 0x%x that %s does not know", c.flags,
-                c.flags & ~allowed, lbopt_optimizer_name(c.optimizer));
+                c.flags & ~allowed, Opt::kName);
+  char msg[256];
+  if (Opt::refuses(hyper_of(c), msg, sizeof msg)) return fail(LBOPT_ERR_INVALID_VALUE, "%s", msg);
   return LBOPT_OK;
 }
 
@@ -368,7 +344,7 @@ lbopt_status check_config(const lbopt_optimizer_config* c) {
   if (c->flags & ~kKnownFlags)
     return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", c->flags,
                 c->flags & ~kKnownFlags);
-  return check_optimizer_fields(*c);
+  return with_optimizer(int(c->optimizer), [c](auto opt) { return check_optimizer_fields<decltype(opt)>(*c); });
 }
 
 lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, const float** out) {

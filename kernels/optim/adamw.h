@@ -15,6 +15,17 @@ struct AdamW {
   LBOPT_HD static constexpr bool second_moment(int i) { return i > 0; }  // v and vmax
   static constexpr bool kTwoPass = true;  // update_states and update_param below
 
+  static constexpr const char* kTitle = "AdamW/Adam";  // in its registry operators' docs
+  static constexpr const char* kStateless = nullptr;     // no setting keeps no state
+  static constexpr Param kParams[] = {
+      {"beta1", ValueRange::kUnitOpen, 0.9},
+      {"beta2", ValueRange::kUnitOpen, 0.999},
+      {"eps", ValueRange::kNonneg, 1e-8},
+      {"weight_decay", ValueRange::kNonneg, 0.01},
+  };
+  static constexpr const char* kFlagNames[] = {"adam", "amsgrad"};
+  static bool refuses(const Hyper&, char*, size_t) { return false; }
+
   struct Scalars {
     float decay_factor;      // 1 - lr * weight_decay (AdamW, decoupled)
     float wd;                // weight_decay (Adam, coupled into the gradient)

@@ -16,6 +16,26 @@ struct AdEMAMix {
   LBOPT_HD static constexpr bool second_moment(int i) { return i == 2; }  // nu
   static constexpr bool kTwoPass = true;  // update_states and update_param below
 
+  static constexpr const char* kTitle = "AdEMAMix";
+  static constexpr const char* kStateless = nullptr;
+  static constexpr Param kParams[] = {
+      {"beta1", ValueRange::kUnitOpen, 0.9},
+      {"beta2", ValueRange::kUnitOpen, 0.999},
+      {"beta3", ValueRange::kUnitOpen, 0.9999},
+      {"alpha", ValueRange::kNonneg, 5.0},
+      {"t_alpha", ValueRange::kNonneg, 0.0},  // 0: no warm-up
+      {"t_beta3", ValueRange::kNonneg, 0.0},
+      {"eps", ValueRange::kNonneg, 1e-8},
+      {"weight_decay", ValueRange::kNonneg, 0.01},
+  };
+  static constexpr const char* kFlagNames[] = {nullptr};  // none
+  static bool refuses(const Hyper& h, char* msg, size_t size) {
+    if (!(h.t_beta3 > 0.0) || (h.beta1 > 0.0 && h.beta3 > 0.0)) return false;
+    snprintf(msg, size, "config.t_beta3 = %g: the beta3 warm-up needs config.beta1 > 0 and config.beta3 > 0 (they "
+             "are %g and %g)", h.t_beta3, h.beta1, h.beta3);
+    return true;
+  }
+
   struct Scalars {
     float beta1, one_minus_beta1;
     float beta2, one_minus_beta2;

@@ -3,6 +3,7 @@
 #pragma once
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../hd.h"
 
@@ -22,6 +23,25 @@ struct Hyper {
   bool coupled_decay = false, amsgrad = false;  // AdamW
   bool nesterov = false;                        // SGD
   bool maximize = false;
+};
+
+// ---- an optimizer's descriptor: the facts validation, the config defaults and the registry derive from ----------
+// Each optimizer names itself (kName, and kTitle for docs), says under which setting a step keeps no state
+// (kStateless, or nullptr), and lists the hyper-parameters it reads (kParams: name, range, default, in the order of its registry
+// operators' attributes), the flags it reads (kFlagNames) and refuses() for what no single range says. The names
+// are those of lbopt_optimizer_config's fields and the registry's attributes (src/config_fields.h maps them).
+
+// The values a hyper-parameter may take.
+enum class ValueRange : int {
+  kUnitOpen,    // [0, 1)
+  kUnitClosed,  // [0, 1]
+  kNonneg,      // finite and >= 0
+};
+
+struct Param {
+  const char* name;
+  ValueRange range;
+  double default_value;
 };
 
 // The bool fields of an optimizer's Scalars that its update branches on, as pointers to members: the SIMD step

@@ -15,6 +15,16 @@ struct Lion {
   LBOPT_HD static constexpr bool second_moment(int) { return false; }
   static constexpr bool kTwoPass = false;  // one update: no division to move to a second pass
 
+  static constexpr const char* kTitle = "Lion";
+  static constexpr const char* kStateless = nullptr;
+  static constexpr Param kParams[] = {
+      {"beta1", ValueRange::kUnitOpen, 0.9},
+      {"beta2", ValueRange::kUnitOpen, 0.99},  // bitsandbytes' and the Lion paper's
+      {"weight_decay", ValueRange::kNonneg, 0.0},
+  };
+  static constexpr const char* kFlagNames[] = {nullptr};  // none
+  static bool refuses(const Hyper&, char*, size_t) { return false; }
+
   struct Scalars {
     float decay_factor;  // 1 - lr * weight_decay
     float beta1, one_minus_beta1;

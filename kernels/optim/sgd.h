@@ -14,6 +14,21 @@ struct Sgd {
   LBOPT_HD static constexpr bool second_moment(int) { return false; }
   static constexpr bool kTwoPass = false;  // one update: no division to move to a second pass
 
+  static constexpr const char* kTitle = "SGD (momentum, Nesterov)";
+  static constexpr const char* kStateless = "momentum = 0";  // the setting under which a step keeps no state
+  static constexpr Param kParams[] = {
+      {"momentum", ValueRange::kNonneg, 0.9},
+      {"dampening", ValueRange::kUnitClosed, 0.0},
+      {"weight_decay", ValueRange::kNonneg, 0.0},
+  };
+  static constexpr const char* kFlagNames[] = {"nesterov"};
+  static bool refuses(const Hyper& h, char* msg, size_t size) {
+    if (!h.nesterov || (h.momentum > 0.0 && h.dampening == 0.0)) return false;
+    snprintf(msg, size, "config.flags: LBOPT_FLAG_NESTEROV needs config.momentum > 0 and config.dampening = 0 "
+             "(they are %g and %g)", h.momentum, h.dampening);
+    return true;
+  }
+
   struct Scalars {
     float wd;
     float momentum;

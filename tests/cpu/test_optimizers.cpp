@@ -1422,3 +1422,98 @@ TEST_SUITE("optimizers") {
     CHECK(lbopt_optimizer_name(lbopt_optimizer(INT32_MAX)) == nullptr);
   }
 }
+
+namespace {
+
+// This file's own list of the fields each optimizer reads (its registry operators' attribute order), and where
+// each lives in the config.
+struct WantFields {
+  lbopt_optimizer optimizer;
+  std::vector<std::string> names;  // fields, then flags
+};
+const WantFields kWantFields[] = {
+    {LBOPT_OPTIMIZER_ADAMW, {"beta1", "beta2", "eps", "weight_decay", "adam", "amsgrad"}},
+    {LBOPT_OPTIMIZER_SGD, {"momentum", "dampening", "weight_decay", "nesterov"}},
+    {LBOPT_OPTIMIZER_LION, {"beta1", "beta2", "weight_decay"}},
+    {LBOPT_OPTIMIZER_ADEMAMIX, {"beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay"}},
+};
+
+double* config_double(lbopt_optimizer_config& c, const std::string& name) {
+  const std::pair<const char*, double lbopt_optimizer_config::*> fields[] = {
+      {"beta1", &lbopt_optimizer_config::beta1}, {"beta2", &lbopt_optimizer_config::beta2},
+      {"beta3", &lbopt_optimizer_config::beta3}, {"eps", &lbopt_optimizer_config::eps},
+      {"weight_decay", &lbopt_optimizer_config::weight_decay}, {"momentum", &lbopt_optimizer_config::momentum},
+      {"dampening", &lbopt_optimizer_config::dampening}, {"alpha", &lbopt_optimizer_config::alpha},
+      {"t_alpha", &lbopt_optimizer_config::t_alpha}, {"t_beta3", &lbopt_optimizer_config::t_beta3}};
+  for (const auto& f : fields)
+    if (name == f.first) return &(c.*f.second);
+  return nullptr;
+}
+
+// lbopt_optimizer_config_validate of the optimizer's default config with one field set to x.
+lbopt_status validate_with(lbopt_optimizer optimizer, const std::string& name, double x) {
+  lbopt_optimizer_config c;
+  REQUIRE(lbopt_optimizer_config_init(&c, sizeof c, optimizer) == LBOPT_OK);
+  *config_double(c, name) = x;
+  return lbopt_optimizer_config_validate(&c, 1e-3);
+}
+
+}  // namespace
+
+TEST_SUITE("optimizers") {
+  TEST_CASE("lbopt_optimizer_fields: each optimizer's fields, as config_init sets and validation checks them") {
+    for (const WantFields& w : kWantFields) {
+      CAPTURE(lbopt_optimizer_name(w.optimizer));
+      const lbopt_field_info* fields = nullptr;
+      size_t n = 0;
+      REQUIRE(lbopt_optimizer_fields(w.optimizer, &fields, &n) == LBOPT_OK);
+      REQUIRE(n == w.names.size());
+      lbopt_optimizer_config defaults;
+      REQUIRE(lbopt_optimizer_config_init(&defaults, sizeof defaults, w.optimizer) == LBOPT_OK);
+      for (size_t i = 0; i < n; ++i) {
+        const lbopt_field_info& f = fields[i];
+        CAPTURE(f.name);
+        CHECK(f.name == w.names[i]);
+        CHECK(f.reserved == 0);
+        if (f.type == LBOPT_ATTR_BOOL) {  // a flag: the optimizer accepts it (its defaults meet its rules)
+          CHECK(f.flag != 0u);
+          lbopt_optimizer_config c = defaults;
+          c.flags = f.flag;
+          CHECK(lbopt_optimizer_config_validate(&c, 1e-3) == LBOPT_OK);
+          continue;
+        }
+        REQUIRE(f.type == LBOPT_ATTR_DOUBLE);
+        CHECK(f.flag == 0u);
+        CHECK(f.default_value == *config_double(defaults, f.name));
+        const std::string named = std::string("config.") + f.name + " = ";
+        CHECK(validate_with(w.optimizer, f.name, f.min) == LBOPT_OK);
+        CHECK(validate_with(w.optimizer, f.name, nextafter(f.min, -kInf)) == LBOPT_ERR_INVALID_VALUE);
+        CHECK(std::string(lbopt_last_error()).find(named) == 0);
+        CHECK(validate_with(w.optimizer, f.name, kNaN) == LBOPT_ERR_INVALID_VALUE);
+        if (isinf(f.max)) {
+          CHECK(validate_with(w.optimizer, f.name, 1e300) == LBOPT_OK);
+          CHECK(validate_with(w.optimizer, f.name, kInf) == LBOPT_ERR_INVALID_VALUE);
+        } else {
+          CHECK(validate_with(w.optimizer, f.name, nextafter(f.max, -kInf)) == LBOPT_OK);
+          CHECK(validate_with(w.optimizer, f.name, f.max) == (f.max_inclusive ? LBOPT_OK : LBOPT_ERR_INVALID_VALUE));
+          CHECK(validate_with(w.optimizer, f.name, nextafter(f.max, kInf)) == LBOPT_ERR_INVALID_VALUE);
+        }
+      }
+      // a flag it does not list is refused
+      uint32_t listed = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE;
+      for (size_t i = 0; i < n; ++i) listed |= fields[i].flag;
+      for (uint32_t bit = 1; bit <= LBOPT_FLAG_NESTEROV; bit <<= 1) {
+        lbopt_optimizer_config c = defaults;
+        c.flags = bit;
+        CHECK((lbopt_optimizer_config_validate(&c, 1e-3) == LBOPT_OK) == ((listed & bit) != 0));
+      }
+    }
+    const lbopt_field_info* fields = nullptr;
+    size_t n = 7;
+    CHECK(lbopt_optimizer_fields(LBOPT_OPTIMIZER_SGD, nullptr, &n) == LBOPT_ERR_NULL_POINTER);
+    CHECK(lbopt_optimizer_fields(LBOPT_OPTIMIZER_SGD, &fields, nullptr) == LBOPT_ERR_NULL_POINTER);
+    CHECK(lbopt_optimizer_fields(lbopt_optimizer(4), &fields, &n) == LBOPT_ERR_INVALID_VALUE);
+    CHECK(std::string(lbopt_last_error()).find("optimizer = 4") != std::string::npos);
+    CHECK((fields == nullptr && n == 7));  // nothing written
+  }
+}

@@ -137,6 +137,12 @@ class StateInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("moment", ctypes.c_int32)]
 
 
+class FieldInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int32), ("flag", ctypes.c_uint32),
+                ("default_value", ctypes.c_double), ("min", ctypes.c_double), ("max", ctypes.c_double),
+                ("max_inclusive", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
 class Slot(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -253,6 +259,7 @@ def _load():
         "lbopt_optimizer_config_init": (st, [P(OptimizerConfig), ctypes.c_size_t, ctypes.c_int]),
         "lbopt_optimizer_config_validate": (st, [P(OptimizerConfig), ctypes.c_double]),
         "lbopt_optimizer_states": (st, [P(OptimizerConfig), P(StateInfo), P(ctypes.c_size_t)]),
+        "lbopt_optimizer_fields": (st, [ctypes.c_int, P(P(FieldInfo)), P(ctypes.c_size_t)]),
         "lbopt_step": (st, [P(OptimizerConfig), ctypes.c_double, P(Slot), ctypes.c_size_t, P(StepOptions)]),
         "lbopt_step_validate": (st, [P(OptimizerConfig), ctypes.c_double, P(Slot), ctypes.c_size_t,
                                      P(StepOptions)]),
@@ -329,3 +336,12 @@ def optimizer_states(cfg):
     n = ctypes.c_size_t()
     check(lib.lbopt_optimizer_states(ctypes.byref(cfg), infos, ctypes.byref(n)))
     return tuple((infos[i].name.decode(), infos[i].moment) for i in range(n.value))
+
+
+def optimizer_fields(optimizer):
+    """The fields and flags an optimizer reads beyond the common ones, as the library lists them
+    (lbopt_optimizer_fields): {name: FieldInfo}, fields first, in its registry operators' order."""
+    fields = ctypes.POINTER(FieldInfo)()
+    n = ctypes.c_size_t()
+    check(lib.lbopt_optimizer_fields(optimizer, ctypes.byref(fields), ctypes.byref(n)))
+    return {fields[i].name.decode(): fields[i] for i in range(n.value)}

@@ -66,32 +66,44 @@ def _state(st, views):
     return _abi.State(codes.ptr, scales.ptr if scales else None)
 
 
-# the hyper-parameter fields of lbopt_optimizer_config: its doubles
-_FIELDS = {name for name, ctype in _abi.OptimizerConfig._fields_ if ctype is ctypes.c_double}
-_FLAGS = {"adam": _abi.FLAG_ADAM_COUPLED_DECAY, "amsgrad": _abi.FLAG_AMSGRAD, "nesterov": _abi.FLAG_NESTEROV,
-          "maximize": _abi.FLAG_MAXIMIZE, "bf16_stochastic_round": _abi.FLAG_BF16_STOCHASTIC_ROUND,
-          "skip_nonfinite": _abi.FLAG_SKIP_NONFINITE}
+# the flags every optimizer reads; its own fields and flags are the library's (lbopt_optimizer_fields)
+_COMMON_FLAGS = {"maximize": _abi.FLAG_MAXIMIZE, "bf16_stochastic_round": _abi.FLAG_BF16_STOCHASTIC_ROUND,
+                 "skip_nonfinite": _abi.FLAG_SKIP_NONFINITE}
 
 
 def config(optimizer, kind="4bit", *, seed=0, **options):
     """The lbopt_optimizer_config of optimizer ('adamw', 'sgd', 'lion', 'ademamix') with state kind `kind`:
-    the library's defaults, overridden by the given fields (beta1, beta2, beta3, eps, weight_decay, momentum,
-    dampening, alpha, t_alpha, t_beta3) and flags (adam, amsgrad, nesterov, maximize, bf16_stochastic_round,
-    skip_nonfinite: bools)."""
+    the library's defaults, overridden by the given fields and flags (bools) of those the optimizer reads
+    (optimizer_fields) and the common flags maximize, bf16_stochastic_round and skip_nonfinite."""
     try:
         opt = _abi.OPTIMIZERS[optimizer]
     except KeyError:
         raise ValueError(f"lbopt: unknown optimizer {optimizer!r} (one of {', '.join(_abi.OPTIMIZERS)})") from None
+    own = _abi.optimizer_fields(opt)
+    flag_bits = {**_COMMON_FLAGS, **{n: f.flag for n, f in own.items() if f.type == _abi.ATTR_BOOL}}
+    fields = {n for n, f in own.items() if f.type == _abi.ATTR_DOUBLE}
+    unknown = set(options) - fields - set(flag_bits)
+    if unknown:
+        raise TypeError(f"lbopt: {optimizer} has no option(s) {', '.join(sorted(unknown))} (it reads "
+                        f"{', '.join([*own, *_COMMON_FLAGS])})")
     flags = 0
-    for name, bit in _FLAGS.items():
+    for name, bit in flag_bits.items():
         if options.pop(name, False):
             flags |= bit
-    unknown = set(options) - _FIELDS
-    if unknown:
-        raise TypeError(f"lbopt: unknown option(s) {', '.join(sorted(unknown))}")
     cfg = _abi.optimizer_config(opt, kind_id(kind), flags, seed, **options)
     _abi.check(_abi.lib.lbopt_optimizer_config_validate(ctypes.byref(cfg), 0.0))
     return cfg
+
+
+def optimizer_fields(optimizer):
+    """The hyper-parameters and flags an optimizer reads beyond the common flags, as the library describes them:
+    {name: {'type': 'double' or 'flag', 'default', 'min', 'max', 'max_inclusive'}}, in its operators' order."""
+    out = {}
+    for name, f in _abi.optimizer_fields(_abi.OPTIMIZERS[optimizer]).items():
+        out[name] = ({"type": "flag"} if f.type == _abi.ATTR_BOOL else
+                     {"type": "double", "default": f.default_value, "min": f.min, "max": f.max,
+                      "max_inclusive": bool(f.max_inclusive)})
+    return out
 
 
 def state_names(optimizer, **options):

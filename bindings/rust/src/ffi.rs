@@ -57,6 +57,9 @@ pub const LBOPT_FLAGS_ALL: u32 = 0x1F;
 
 pub const LBOPT_MOMENT_FIRST: c_int = 0;
 pub const LBOPT_MOMENT_SECOND: c_int = 1;
+/// lbopt_attr_type: the type of an lbopt_field_info (since 0.4).
+pub const LBOPT_ATTR_DOUBLE: i32 = 0;
+pub const LBOPT_ATTR_BOOL: i32 = 2;
 
 /// lbopt_optimizer (since 0.3).
 pub const LBOPT_OPTIMIZER_ADAMW: c_int = 0;
@@ -154,6 +157,20 @@ impl Default for lbopt_state_info {
     }
 }
 
+/// One hyper-parameter or flag an optimizer reads (lbopt_optimizer_fields; since 0.4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct lbopt_field_info {
+    pub name: *const c_char,
+    pub type_: i32, // LBOPT_ATTR_DOUBLE for a field, LBOPT_ATTR_BOOL for a flag
+    pub flag: u32,
+    pub default_value: f64,
+    pub min: f64,
+    pub max: f64,
+    pub max_inclusive: i32,
+    pub reserved: i32,
+}
+
 /// One parameter tensor and its states for lbopt_step: states[0 .. n) are the optimizer's, the rest {NULL, NULL}.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -226,6 +243,11 @@ extern "C" {
         config: *const lbopt_optimizer_config,
         states: *mut lbopt_state_info, // [LBOPT_MAX_STATES]
         n_states: *mut usize,
+    ) -> lbopt_status;
+    pub fn lbopt_optimizer_fields(
+        optimizer: c_int,
+        fields: *mut *const lbopt_field_info,
+        n_fields: *mut usize,
     ) -> lbopt_status;
     pub fn lbopt_step(
         config: *const lbopt_optimizer_config,
@@ -314,6 +336,9 @@ mod layout_tests {
         assert_eq!(offset_of!(lbopt_optimizer_config, alpha), 80);
         assert_eq!(offset_of!(lbopt_optimizer_config, t_alpha), 88);
         assert_eq!(offset_of!(lbopt_optimizer_config, t_beta3), 96);
+        assert_eq!(size_of::<lbopt_field_info>(), 48);
+        assert_eq!(offset_of!(lbopt_field_info, default_value), 16);
+        assert_eq!(offset_of!(lbopt_field_info, max_inclusive), 40);
         assert_eq!(size_of::<lbopt_state_info>(), 16);
         assert_eq!(offset_of!(lbopt_state_info, moment), 8);
         assert_eq!(size_of::<lbopt_slot>(), 80);

@@ -272,6 +272,28 @@ impl Optimizer {
         static_str(unsafe { ffi::lbopt_optimizer_name(self.id()) }).unwrap_or("?")
     }
 
+    /// The hyper-parameters and flags this optimizer reads beyond the common flags, as the library lists them
+    /// (`lbopt_optimizer_fields`), in its registry operators' attribute order.
+    pub fn fields(self) -> Result<Vec<FieldInfo>> {
+        let mut fields: *const ffi::lbopt_field_info = std::ptr::null();
+        let mut n = 0usize;
+        // SAFETY: valid out-pointers; the library points fields at n entries of static storage.
+        check(unsafe { ffi::lbopt_optimizer_fields(self.id(), &mut fields, &mut n) })?;
+        // SAFETY: n entries at fields, never freed.
+        let infos = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(fields, n) } };
+        Ok(infos
+            .iter()
+            .map(|f| FieldInfo {
+                name: static_str(f.name).unwrap_or("?"),
+                flag: (f.type_ == ffi::LBOPT_ATTR_BOOL).then_some(f.flag),
+                default: f.default_value,
+                min: f.min,
+                max: f.max,
+                max_inclusive: f.max_inclusive != 0,
+            })
+            .collect())
+    }
+
     /// The optimizer the library names `name`.
     pub fn from_name(name: &str) -> Option<Optimizer> {
         Optimizer::ALL.into_iter().find(|o| o.name() == name)
@@ -292,6 +314,22 @@ impl FromStr for Optimizer {
             binding_error(format!("{s:?} is no optimizer (the library knows {})", names.join(", ")))
         })
     }
+}
+
+/// One hyper-parameter or flag of an optimizer, as the library describes it (`lbopt_field_info`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FieldInfo {
+    /// The `lbopt_optimizer_config` field ("beta1", "momentum", ...) or the flag's name ("amsgrad", "nesterov").
+    pub name: &'static str,
+    /// For a flag, its `LBOPT_FLAG_` bit; None for a field.
+    pub flag: Option<u32>,
+    /// A field's default (`lbopt_optimizer_config_init`).
+    pub default: f64,
+    /// A field's accepted values: `min <= x` and `x < max` (`x <= max` if `max_inclusive`); an infinite max means
+    /// any finite value.
+    pub min: f64,
+    pub max: f64,
+    pub max_inclusive: bool,
 }
 
 /// One state of an optimizer, as the library describes it (`lbopt_state_info`).

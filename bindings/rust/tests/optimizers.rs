@@ -539,3 +539,39 @@ fn state_buffers_convert_to_and_from_f32() {
     assert_eq!(err.status, LBOPT_ERR_INVALID_VALUE);
     assert_eq!(q.codes(), &codes[..]);
 }
+
+#[test]
+fn each_optimizer_lists_its_fields_with_the_defaults_it_starts_from() {
+    for opt in Optimizer::ALL {
+        let fields = opt.fields().unwrap();
+        let c = *OptimizerConfig::new(opt).unwrap().raw();
+        let names: Vec<_> = fields.iter().map(|f| f.name).collect();
+        let want: &[&str] = match opt {
+            Optimizer::AdamW => &["beta1", "beta2", "eps", "weight_decay", "adam", "amsgrad"][..],
+            Optimizer::Sgd => &["momentum", "dampening", "weight_decay", "nesterov"][..],
+            Optimizer::Lion => &["beta1", "beta2", "weight_decay"][..],
+            Optimizer::AdEMAMix => &["beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay"][..],
+        };
+        assert_eq!(names, want, "{opt}");
+        for f in &fields {
+            let value = match f.name {
+                "beta1" => c.beta1,
+                "beta2" => c.beta2,
+                "beta3" => c.beta3,
+                "eps" => c.eps,
+                "weight_decay" => c.weight_decay,
+                "momentum" => c.momentum,
+                "dampening" => c.dampening,
+                "alpha" => c.alpha,
+                "t_alpha" => c.t_alpha,
+                "t_beta3" => c.t_beta3,
+                _ => {
+                    assert!(f.flag.is_some(), "{opt}: {} is neither a field nor a flag", f.name);
+                    continue;
+                }
+            };
+            assert_eq!(f.default, value, "{opt}: {}", f.name);
+            assert!(f.min <= f.default && (f.default < f.max || (f.max_inclusive && f.default <= f.max)));
+        }
+    }
+}
