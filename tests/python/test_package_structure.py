@@ -185,3 +185,14 @@ def test_package_docstring_names_what_it_holds():
     for m in _modules():
         if not m.startswith("_"):
             assert f"lbopt.{m}" in lbopt.__doc__, m
+
+
+def test_the_wheel_installs_every_module_of_the_package():
+    """meson.build names the package's files for the wheel; a module missing there imports in the source tree
+    and fails only once installed."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    listed = set(re.findall(r"'bindings/python/lbopt/(\w+\.py)'", (root / "meson.build").read_text()))
+    assert listed == {p.name for p in (root / "bindings" / "python" / "lbopt").glob("*.py")}
