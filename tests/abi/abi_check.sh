@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ABI stability within the major: compare the built library with the description checked in (abi/lbopt.abi,
-# made by `abidw --no-corpus-path --headers-dir abi --drop-private-types --out-file abi/lbopt.abi liblbopt.so.0`).
+# made by tools/abi_baseline.sh).
 # abidiff's exit status is a bit set: 4 = compatible change (e.g. added symbols), 8 = incompatible change.
 abidiff=$1; reference=$2; library=$3; headers=$4
 "$abidiff" --headers-dir2 "$headers" --drop-private-types "$reference" "$library"
