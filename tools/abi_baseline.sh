@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 lib=${1:-build-test/liblbopt.so.0}
 abidw --no-corpus-path --no-comp-dir-path --headers-dir abi --drop-private-types "$lib" |
-  sed -E "s|path='/tmp/tmpxft_[0-9a-f]+_[0-9a-f]+-[0-9]+_([A-Za-z0-9_]+)\.compute_[0-9]+\.cudafe1\.cpp'|path='\1.cu'|" > abi/lbopt.abi
+  sed -E "s|path='[^']*tmpxft_[0-9a-f]+_[0-9a-f]+-[0-9]+_([A-Za-z0-9_]+)\.compute_[0-9]+\.cudafe1\.cpp'|path='\1.cu'|" > abi/lbopt.abi
