@@ -1,7 +1,7 @@
 // A backend runs validated plans on one device class. The entry points pick one by device and never look inside
 // it; adding the CUDA backend adds a file, not branches across the code.
 #pragma once
-#include "validate.h"
+#include "plan.h"
 
 namespace lbopt {
 

@@ -6,46 +6,10 @@
 
 #include <vector>
 
-#include "../kernels/step_args.h"
 #include "lbopt.h"
+#include "plan.h"
 
 namespace lbopt {
-
-enum class DeviceClass { kHost, kCuda };
-
-struct Device {
-  DeviceClass cls = DeviceClass::kHost;
-  int id = 0;
-};
-
-struct StepPlan {
-  Device device;
-  int kind = 0;
-  Hyper hyper;
-  uint32_t flags = 0;
-  uint64_t seed = 0;
-  double lr = 0;
-  std::vector<StepSlot> slots;
-  const void* lr_scalar = nullptr;    // capturable: lr and step read from these at run time (then lr and
-  const void* step_scalar = nullptr;  // the slots' steps are filled in by the backend)
-  bool lr_is_double = false;
-  bool step_is_int64 = false;
-  const float* grad_scale = nullptr;  // optional scalars, on the plan's device
-  const float* found_inf = nullptr;
-  uint8_t* skipped = nullptr;         // optional [n_slots] out
-  void* stream = nullptr;
-  const char* const* state_fields = nullptr;  // how messages name the slots' states (validate_step's argument)
-};
-
-struct ConvertPlan {
-  Device device;
-  int kind = 0;
-  bool second_moment = false;
-  int64_t numel = 0;
-  float* values = nullptr;  // the float32 side
-  StateRef state;
-  void* stream = nullptr;
-};
 
 // capturable: lr and step come from the device scalars lr_scalar and step_scalar (ignored otherwise), not from the
 // by-value lr and the slots' steps. state_fields: how messages name a slot's states ("m", "v", "vmax" for
@@ -82,9 +46,6 @@ lbopt_status validate_config(const lbopt_optimizer_config* config, double lr);
 
 // The hyper-parameters of a config that validate_config accepted.
 Hyper hyper_of(const lbopt_optimizer_config& config);
-
-// Sizes of one state of a valid kind (numel in [0, INT64_MAX / 4]).
-lbopt_layout layout_of(int kind, int64_t numel);
 
 // lbopt_state_layout's arguments: out, of out_size bytes, and a state's kind and numel.
 lbopt_status validate_layout_args(lbopt_state_kind kind, int64_t numel, const void* out, size_t out_size);
