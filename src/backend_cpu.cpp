@@ -118,10 +118,17 @@ lbopt_status cpu_state_init(const ConvertPlan& plan) {
   return LBOPT_OK;
 }
 
+DeviceCount cpu_devices() { return {1, ""}; }
+
+// Host memory: validation has checked everything a host plan holds.
+lbopt_status cpu_check_step(const StepPlan&) { return LBOPT_OK; }
+lbopt_status cpu_check_convert(const ConvertPlan&, const char*, const char*) { return LBOPT_OK; }
+
 }  // namespace
 
 const Backend& cpu_backend() {
-  static const Backend b{"cpu", cpu_step, cpu_quantize, cpu_dequantize, cpu_state_init};
+  static const Backend b{"cpu",          DeviceClass::kHost, cpu_devices,     cpu_check_step, cpu_check_convert,
+                         cpu_step,       cpu_quantize,       cpu_dequantize,  cpu_state_init};
   return b;
 }
 

@@ -6,7 +6,9 @@
 #include "../kernels/cuda/step_kernels.cuh"
 #include "../kernels/quant.h"
 #include "backend.h"
+#include "cuda_probe.h"
 #include "cuda_status.h"
+#include "validate_cuda.h"
 
 namespace lbopt {
 namespace {
@@ -103,10 +105,16 @@ lbopt_status cuda_state_init(const ConvertPlan& plan) {
   return LBOPT_OK;
 }
 
+DeviceCount cuda_devices() {
+  const CudaAvailability a = cuda_availability();
+  return {a.devices, a.reason};
+}
+
 }  // namespace
 
 const Backend& cuda_backend() {
-  static const Backend b{"cuda", cuda_step, cuda_quantize, cuda_dequantize, cuda_state_init};
+  static const Backend b{"cuda",    DeviceClass::kCuda, cuda_devices,    validate_cuda_step, validate_cuda_convert,
+                         cuda_step, cuda_quantize,      cuda_dequantize, cuda_state_init};
   return b;
 }
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "../kernels/quant.h"
-#include "cuda_probe.h"
+#include "backend.h"
 #include "defaults.h"
 #include "error.h"
 #include "fp_env.h"
@@ -235,16 +235,21 @@ class CallChecker {
     return LBOPT_OK;
   }
 
-  // CUDA tensors need the CUDA backend and a device of that id (the probe runs once per process).
+  // A device needs a backend that serves its class and a device of that id (each backend is asked once per
+  // process); host tensors are served whatever their device id.
   lbopt_status device_supported() const {
     if (!have_device_ || device_.cls == DeviceClass::kHost) return LBOPT_OK;
-    static const CudaAvailability cuda = cuda_availability();
-    if (cuda.devices == 0)
-      return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but %s", Text(first_arg_).c_str(), device_.id,
-                  LBOPT_WITH_CUDA ? cuda.reason : "this build of lbopt has no CUDA backend");
-    if (device_.id < 0 || device_.id >= cuda.devices)
-      return fail(LBOPT_ERR_DEVICE, "%s: device cuda:%d does not exist (%d CUDA devices)", Text(first_arg_).c_str(),
-                  device_.id, cuda.devices);
+    const Backend* backend = find_backend(device_.cls);
+    if (!backend)
+      return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but this build of lbopt has no CUDA backend",
+                  Text(first_arg_).c_str(), device_.id);
+    static const DeviceCount count = backend->devices();  // CUDA is the only class besides the host
+    if (count.devices == 0)
+      return fail(LBOPT_ERR_UNSUPPORTED, "%s: device %s:%d, but %s", Text(first_arg_).c_str(), backend->name,
+                  device_.id, count.reason);
+    if (device_.id < 0 || device_.id >= count.devices)
+      return fail(LBOPT_ERR_DEVICE, "%s: device %s:%d does not exist (%d CUDA devices)", Text(first_arg_).c_str(),
+                  backend->name, device_.id, count.devices);
     return LBOPT_OK;
   }
 
@@ -570,9 +575,7 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool
   plan->flags = config->flags;
   plan->seed = config->seed;
   plan->state_fields = state_fields;
-#if LBOPT_WITH_CUDA
-  if (plan->device.cls == DeviceClass::kCuda) LBOPT_TRY(validate_cuda_step(*plan));
-#endif
+  LBOPT_TRY(backend_for(plan->device).check_step(*plan));
   return LBOPT_OK;
 }
 
@@ -606,10 +609,7 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
     }
   }
   plan->stream = stream;
-#if LBOPT_WITH_CUDA
-  if (plan->device.cls == DeviceClass::kCuda)
-    LBOPT_TRY(validate_cuda_convert(*plan, to_state ? "src" : "dst", to_state ? "dst" : "src"));
-#endif
+  LBOPT_TRY(backend_for(plan->device).check_convert(*plan, to_state ? "src" : "dst", to_state ? "dst" : "src"));
   return LBOPT_OK;
 }
 
@@ -625,9 +625,7 @@ lbopt_status validate_state_init(lbopt_state_kind kind, int64_t numel, lbopt_sta
   plan->kind = kind;
   plan->numel = numel;
   plan->stream = stream;
-#if LBOPT_WITH_CUDA
-  if (plan->device.cls == DeviceClass::kCuda) LBOPT_TRY(validate_cuda_convert(*plan, nullptr, "state"));
-#endif
+  LBOPT_TRY(backend_for(plan->device).check_convert(*plan, nullptr, "state"));
   return LBOPT_OK;
 }
 

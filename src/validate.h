@@ -74,12 +74,4 @@ lbopt_status validate_moment_name(const char* s, lbopt_moment* out);
 // lbopt.state_layout's output: a compact, aligned int64 [4] CPU tensor; values: its first element.
 lbopt_status validate_layout_out(const DLTensor* out, int64_t** values);
 
-#if LBOPT_WITH_CUDA
-// The checks of a plan on a CUDA device that only the CUDA runtime can make (validate_cuda.cu): its pointers are
-// memory of that device, its stream belongs to it. The validate_* functions above run them last.
-lbopt_status validate_cuda_step(const StepPlan& plan);
-// values, state: how messages name the plan's float32 tensor (NULL: it has none) and its state.
-lbopt_status validate_cuda_convert(const ConvertPlan& plan, const char* values, const char* state);
-#endif
-
 }  // namespace lbopt

@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "cuda_status.h"
-#include "validate.h"
+#include "validate_cuda.h"
 
 namespace lbopt {
 namespace {
