@@ -2,7 +2,7 @@
 #include <stdio.h>
 
 #include "../kernels/cpu/kernels_cpu.h"
-#include "cuda_probe.h"
+#include "cuda/cuda_probe.h"
 #include "lbopt.h"
 #include "thread_pool.h"
 

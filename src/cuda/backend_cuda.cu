@@ -1,11 +1,11 @@
-// The CUDA backend: launches a plan that validation (validate.cpp, validate_cuda.cu) accepted on the caller's
+// The CUDA backend: launches a plan that validation (../validate.cpp, validate_cuda.cu) accepted on the caller's
 // stream. The library never synchronizes: AMP scalars, the non-finite scan and the
 // capturable lr and step are read by the kernels themselves.
 #include <cuda_runtime.h>
 
-#include "../kernels/cuda/step_kernels.cuh"
-#include "../kernels/quant.h"
-#include "backend.h"
+#include "../../kernels/cuda/step_kernels.cuh"
+#include "../../kernels/quant.h"
+#include "../backend.h"
 #include "cuda_probe.h"
 #include "cuda_status.h"
 #include "validate_cuda.h"

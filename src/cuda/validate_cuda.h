@@ -1,7 +1,7 @@
 // The CUDA backend's checks of a validated plan that only the CUDA runtime can make (validate_cuda.cu): its
 // pointers are memory of that device, its stream belongs to it. Validation runs them last, through the backend.
 #pragma once
-#include "plan.h"
+#include "../plan.h"
 
 namespace lbopt {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "error.h"
+#include "../error.h"
 
 namespace lbopt {
 
