@@ -118,8 +118,8 @@ ffi::Error read_scalars(const lbopt_op_info* op, std::string_view list, const ff
   const size_t n_args = args.size() > first_scalar ? args.size() - first_scalar : 0;
   if (names.size() != n_args)
     return ffi::Error::InvalidArgument("lbopt_scalars names " + std::to_string(names.size()) +
-                                       " attributes, the call passes " + std::to_string(n_args) +
-                                       " scalar arguments after the tensors");
+                                       " attributes, but " + std::to_string(n_args) +
+                                       " scalar arguments follow the tensors");
   for (size_t j = 0; j < names.size(); ++j) {
     size_t k = 0;
     while (k < op->n_attrs && names[j] != op->attrs[k].name) ++k;
@@ -166,7 +166,7 @@ ffi::Error invoke(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Diction
   }
 
   if (args.size() < next_arg)
-    return ffi::Error::InvalidArgument("the call passes " + std::to_string(args.size()) + " arguments, the tensors "
+    return ffi::Error::InvalidArgument("the call has " + std::to_string(args.size()) + " arguments, the tensors "
                                        "lbopt_present names need " + std::to_string(next_arg));
   std::vector<lbopt_attr> scalars(op->n_attrs);
   std::vector<bool> from_scalar(op->n_attrs, false);
@@ -175,8 +175,8 @@ ffi::Error invoke(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Diction
     if (list.has_error()) return list.error();
     if (auto e = read_scalars(op, *list, args, next_arg, &scalars, &from_scalar); !e.success()) return e;
   } else if (args.size() > next_arg) {
-    return ffi::Error::InvalidArgument("the call passes " + std::to_string(args.size() - next_arg) +
-                                       " arguments after the tensors, and no lbopt_scalars names them");
+    return ffi::Error::InvalidArgument(std::to_string(args.size() - next_arg) +
+                                       " arguments follow the tensors, and no lbopt_scalars names them");
   }
 
   std::vector<lbopt_attr> values;

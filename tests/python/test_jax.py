@@ -362,8 +362,8 @@ def test_bad_scalar_arguments_are_refused():
         jax.block_until_ready(res)
 
     for scalars, attrs, message in [
-            ((jnp.float32(0.5),), {}, "1 arguments after the tensors, and no lbopt_scalars names them"),
-            ((jnp.float32(0.5),), dict(lbopt_scalars="beta1,eps"), "names 2 attributes, the call passes 1"),
+            ((jnp.float32(0.5),), {}, "1 arguments follow the tensors, and no lbopt_scalars names them"),
+            ((jnp.float32(0.5),), dict(lbopt_scalars="beta1,eps"), "names 2 attributes, but 1 scalar arguments follow"),
             ((jnp.int32(1),), dict(lbopt_scalars="beta1"), "beta1 is not a float32, float64, bfloat16 or float16"),
             ((jnp.zeros(3),), dict(lbopt_scalars="beta1"), "beta1 has 3 elements, not 1"),
             ((jnp.float32(0.5),), dict(lbopt_scalars="lr"), "'lr' is not an attribute of " + op),

@@ -11,8 +11,7 @@ A figure in the docs is named by what it measures, its host, date and command; a
 section that holds it.
 
 What ordinary English may still say, and the rules leave alone: "passes the learning rate", "a pass over the
-block", "two passes", "the first (or second) pass" of a loop, "N passed, N failed", "an issue tracker", "the
-call passes 1" (an argument count).
+block", "two passes", "the first (or second) pass" of a loop, "N passed, N failed", "an issue tracker".
 
 Exclusions, each narrow:
   * binary files (a NUL byte in their first 8 KiB: the PNG charts, the golden checkpoints under tests/data/) are
@@ -115,7 +114,6 @@ ALLOWED = (
     f"585 {_P}ed, 0 failed, 38 skipped",
     f"an {_I} tracker",
     f"{_I} tracking systems",
-    f"names 2 attributes, the call {_P}es 1",
     f"in one {_P} 1.186 ns/elem",
     f"three {_P}es",
     "docs/abi.md and docs/formats.md",
