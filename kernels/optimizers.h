@@ -9,25 +9,13 @@
 #include "optim/ademamix.h"
 #include "optim/lion.h"
 #include "optim/sgd.h"
+#include "type_list.h"
 
 namespace lbopt {
 
-template <class... Opts>
-struct OptimizerList {
-  static constexpr int size = int(sizeof...(Opts));
-};
 // In lbopt_optimizer order (OptimizerId): an optimizer's index is its id.
-using Optimizers = OptimizerList<AdamW, Sgd, Lion, AdEMAMix>;
+using Optimizers = TypeList<AdamW, Sgd, Lion, AdEMAMix>;
 static_assert(Optimizers::size == kNumOptimizers, "one list entry per OptimizerId");
-
-template <int I, class List>
-struct OptimizerAt;
-template <class First, class... Rest>
-struct OptimizerAt<0, OptimizerList<First, Rest...>> {
-  using type = First;
-};
-template <int I, class First, class... Rest>
-struct OptimizerAt<I, OptimizerList<First, Rest...>> : OptimizerAt<I - 1, OptimizerList<Rest...>> {};
 
 // One slot's derived scalars, whichever the optimizer: a union of every optimizer's Scalars.
 template <class... Opts>
@@ -54,24 +42,15 @@ union ScalarsUnion<First, Rest...> {
 template <class List>
 struct ScalarsOf;
 template <class... Opts>
-struct ScalarsOf<OptimizerList<Opts...>> {
+struct ScalarsOf<TypeList<Opts...>> {
   using type = ScalarsUnion<Opts...>;
 };
 using OptScalars = ScalarsOf<Optimizers>::type;
 
-// f(Opt{}) for the optimizer of that id (validation accepts no other; any other id is AdamW's). Host code passes
-// host-only callables (the CUDA launcher), device code device ones: nvcc is told not to check which side f runs on.
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
-template <int I = 1, class F>
+// f(Opt{}) for the optimizer of that id (validation accepts no other; any other id is AdamW's).
+template <class F>
 LBOPT_HD decltype(auto) with_optimizer(int id, F&& f) {
-  if constexpr (I < Optimizers::size) {
-    if (id == I) return f(typename OptimizerAt<I, Optimizers>::type{});
-    return with_optimizer<I + 1>(id, static_cast<F&&>(f));
-  } else {
-    return f(typename OptimizerAt<0, Optimizers>::type{});
-  }
+  return with_entry<Optimizers>(id, static_cast<F&&>(f));
 }
 
 // The scalars a step derives from the hyper-parameters, lr and step count: once per slot on the host for a

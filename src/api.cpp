@@ -181,7 +181,7 @@ const char* lbopt_optimizer_name(lbopt_optimizer optimizer) {
 }
 
 const char* lbopt_state_kind_name(lbopt_state_kind kind) {
-  return int(kind) >= 0 && int(kind) < kNumStateKinds ? kStateKindNames[int(kind)] : nullptr;
+  return int(kind) >= 0 && int(kind) < kNumStateKinds ? state_kind_name(int(kind)) : nullptr;
 }
 
 lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config, lbopt_state_info states[LBOPT_MAX_STATES],

@@ -121,7 +121,7 @@ const lbopt_op_info kFixedOps[kNumFixedOps] = {
 // skipped; attributes: [lr, step,] the optimizer's own, then kCommonAttrs.
 constexpr const char* kCommonAttrs[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite", "seed"};
 
-constexpr size_t kNumKinds = kNumStateKinds;  // quant.h's count, as the size_t the op tables index by
+constexpr size_t kNumKinds = kNumStateKinds;  // state_kinds.h's count, as the size_t the op tables index by
 constexpr size_t kNumFamilies = size_t(kNumOptimizers) - 1;  // every optimizer but AdamW (id 0)
 constexpr size_t kOpsPerFamily = 2 * kNumKinds;  // by-value, then capturable, each for every kind
 constexpr size_t kOpCount = kNumFixedOps + kNumFamilies * kOpsPerFamily;
@@ -219,7 +219,7 @@ void build(lbopt_optimizer optimizer, FamilySchemas* s, lbopt_op_info* ops, Step
     const lbopt_state_kind kind = lbopt_state_kind(i % kNumKinds);
     snprintf(s->names[i], sizeof s->names[i], "lbopt.%s_step%s.%s", name, cap ? "_capturable" : "",
              lbopt_state_kind_name(kind));
-    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", title, kStateKindDocs[kind],
+    snprintf(s->docs[i], sizeof s->docs[i], "Fused %s step, %s states%s", title, state_kind_doc(kind),
              cap ? ", lr and step read from scalar tensors" : "");
     const size_t skip = cap ? 2 : 0;  // the capturable operators take lr and step as tensors, not attributes
     ops[i] = {sizeof(lbopt_op_info), s->names[i], 1, s->docs[i], n_tensors + skip, s->tensors[cap],

@@ -277,14 +277,14 @@ lbopt_status check_state(CallChecker& ck, int kind, int64_t numel, lbopt_state s
   CallChecker::View codes, scales;
   const ArgName codes_arg = arg.with_sub("codes"), scales_arg = arg.with_sub("scales");
   LBOPT_TRY(ck.tensor(st.codes, codes_arg, Want::kCodes, access, &codes));
-  const bool want_float = kind == kStateFp32;
+  const bool want_float = layout.codes_dtype.code == kDLFloat;
   if (is(codes.dtype, kDLFloat, 32) != want_float)
     return fail(LBOPT_ERR_DTYPE, "%s: dtype must be %s for this state kind", Text(codes_arg).c_str(),
                 want_float ? "float32" : "uint8");
   if (codes.numel != layout.codes_numel)
     return fail(LBOPT_ERR_BUFFER_SIZE, "%s: has %lld elements, the state of %lld elements needs %lld",
                 Text(codes_arg).c_str(), (long long)codes.numel, (long long)numel, (long long)layout.codes_numel);
-  if (kind == kStateFp32) {
+  if (layout.block_size == 0) {
     if (st.scales)
       return fail(LBOPT_ERR_INVALID_VALUE, "%s: must be NULL for LBOPT_STATE_FP32", Text(scales_arg).c_str());
   } else {
@@ -459,22 +459,20 @@ lbopt_status adamw_as_generic(const lbopt_adamw_config* config, const double* lr
 lbopt_layout layout_of(int kind, int64_t numel) {
   lbopt_layout l{};
   l.struct_size = sizeof(lbopt_layout);
-  l.block_size = state_block_size(kind);
-  if (kind == LBOPT_STATE_FP32) {
-    l.codes_dtype = DLDataType{kDLFloat, 32, 1};
-    l.codes_numel = numel;
-    l.codes_bytes = numel * 4;
-  } else {
-    l.codes_dtype = DLDataType{kDLUInt, 8, 1};
-    l.codes_numel = kind == LBOPT_STATE_4BIT ? (numel + 1) / 2 : numel;
-    l.codes_bytes = l.codes_numel;
-    l.scales_numel = numel / l.block_size + (numel % l.block_size != 0);
-  }
+  with_kind(kind, [&](auto k) {
+    using K = decltype(k);
+    l.block_size = K::block;
+    // float32 values, or bytes of codes (a 4-bit state's odd last element in a byte of its own)
+    l.codes_dtype = K::float_codes ? DLDataType{kDLFloat, 32, 1} : DLDataType{kDLUInt, 8, 1};
+    l.codes_bytes = K::code_bits >= 8 ? numel * (K::code_bits / 8) : (numel + 1) / 2;
+    l.codes_numel = K::float_codes ? numel : l.codes_bytes;
+    l.scales_numel = K::block ? numel / K::block + (numel % K::block != 0) : 0;
+  });
   return l;
 }
 
 lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
-  if (int(kind) < LBOPT_STATE_4BIT || int(kind) > LBOPT_STATE_FP32)
+  if (int(kind) < 0 || int(kind) >= kNumStateKinds)
     return fail(LBOPT_ERR_INVALID_VALUE, "%s = %d is not an lbopt_state_kind", name, int(kind));
   return LBOPT_OK;
 }

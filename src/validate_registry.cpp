@@ -76,11 +76,11 @@ lbopt_status validate_op_attrs(const lbopt_op_info& op, const lbopt_attr* attrs,
 lbopt_status validate_kind_name(const char* s, lbopt_state_kind* out) {
   char names[64] = "";
   for (int k = 0; k < kNumStateKinds; ++k) {
-    if (strcmp(s, kStateKindNames[k]) == 0) {
+    if (strcmp(s, state_kind_name(k)) == 0) {
       *out = lbopt_state_kind(k);
       return LBOPT_OK;
     }
-    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", kStateKindNames[k]);
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", state_kind_name(k));
   }
   return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'kind' = '%s' is not one of %s", s, names);
 }

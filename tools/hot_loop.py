@@ -3,7 +3,7 @@
 docs/benchmarks.md's "What bounds the CPU step" and "CPU loop choices".
 
     tools/hot_loop.py build-release/liblbopt.so.0 \\
-        'N_AVX3::step_blocks<lbopt::AdEMAMix, 0, lbopt::cpu::N_AVX3::Shape<0, 3, true>' --need prefetcht0 vpackusdw
+        'N_AVX3::step_loop<lbopt::AdEMAMix, lbopt::Kind4Bit, lbopt::cpu::N_AVX3::Shape<0, 3, true' --need prefetcht0 vpackusdw
 
 The first function whose demangled name contains the pattern is disassembled (objdump); of its loops (a backward
 jump and its target) the smallest that holds an instruction starting with each --need prefix and no call is

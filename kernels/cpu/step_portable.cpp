@@ -28,51 +28,46 @@ struct F16 {
 };
 
 // Decode n values of a state block starting at element start into out.
-void load_state(const StateCodec& codec, StateRef st, int64_t block, int64_t start, int64_t n, float* out) {
-  if (codec.kind == kStateFp32) {
+template <class K>
+void load_state(const Codec<K>& codec, StateRef st, int64_t block, int64_t start, int64_t n, float* out) {
+  if constexpr (K::float_codes) {
     memcpy(out, static_cast<const float*>(st.codes) + start, size_t(n) * sizeof(float));
-    return;
-  }
-  const float scale = st.scales[block];
-  const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t code = codec.kind == kState4Bit ? nibble_get(codes, start + i) : codes[start + i];
-    out[i] = codec.decode(code, scale);
+  } else {
+    const float scale = st.scales[block];
+    const uint8_t* codes = static_cast<const uint8_t*>(st.codes);
+    for (int64_t i = 0; i < n; ++i) out[i] = codec.decode(code_at<K>(codes, start + i), scale);
   }
 }
 
 // Quantize n values (a whole block) with a fresh absmax scale; non-finite values are stored as 0.
-void store_state(const StateCodec& codec, StateRef st, int64_t block, int64_t start, int64_t n, const float* in) {
-  if (codec.kind == kStateFp32) {
+template <class K>
+void store_state(const Codec<K>& codec, StateRef st, int64_t block, int64_t start, int64_t n, const float* in) {
+  if constexpr (K::float_codes) {
     memcpy(static_cast<float*>(st.codes) + start, in, size_t(n) * sizeof(float));
-    return;
-  }
-  float absmax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, fabsf(finite_or_zero(in[i])));
-  const StateCodec::BlockScale scale = codec.block_scale(absmax);
-  st.scales[block] = scale.scale;
-  uint8_t* codes = static_cast<uint8_t*>(st.codes);
-  if (codec.kind == kState4Bit) {
-    // start is even (blocks are 128 elements); an odd tail leaves the last low nibble 0
-    for (int64_t i = 0; i < n; i += 2) {
-      const uint32_t hi = codec.encode(finite_or_zero(in[i]), scale);
-      const uint32_t lo = i + 1 < n ? codec.encode(finite_or_zero(in[i + 1]), scale) : 0u;
-      codes[(start + i) >> 1] = uint8_t((hi << 4) | lo);
-    }
   } else {
-    for (int64_t i = 0; i < n; ++i) codes[start + i] = uint8_t(codec.encode(finite_or_zero(in[i]), scale));
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, fabsf(finite_or_zero(in[i])));
+    const auto scale = codec.block_scale(absmax);
+    st.scales[block] = scale.scale;
+    uint8_t* codes = static_cast<uint8_t*>(st.codes);
+    const auto code = [&](int64_t i) { return i < n ? codec.encode(finite_or_zero(in[i]), scale) : 0u; };
+    if constexpr (K::code_bits == 4) {  // start is even; an odd tail leaves the last low nibble 0
+      for (int64_t i = 0; i < n; i += 2) codes[(start + i) >> 1] = uint8_t((code(i) << 4) | code(i + 1));
+    } else {
+      for (int64_t i = 0; i < n; ++i) codes[start + i] = uint8_t(code(i));
+    }
   }
 }
 
 // One optimizer's step over blocks [block_begin, block_end) of a slot: decode each active state's block, update
 // element by element, requantize.
-template <class Opt, class P, class G>
+template <class Opt, class K, class P, class G>
 void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
   const typename Opt::Scalars& s = slot.scalars.get<Opt>();
   const int n_states = Opt::states(flags.hyper);
-  StateCodec codec[kMaxStates];
-  for (int k = 0; k < n_states; ++k) codec[k] = host_codec(flags.kind, Opt::second_moment(k));
-  const int64_t bs = work_block_size(flags.kind);
+  Codec<K> codec[kMaxStates];
+  for (int k = 0; k < n_states; ++k) codec[k] = host_codec<K>(Opt::second_moment(k));
+  constexpr int64_t bs = K::work_block;
   auto* param = static_cast<typename P::T*>(slot.param);
   const auto* grad = static_cast<const typename G::T*>(slot.grad);
   const bool sr = flags.stochastic_round && slot.param_dtype == kBfloat16;  // then P is BF16
@@ -98,21 +93,21 @@ void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begi
   }
 }
 
-template <class Opt, class P>
+template <class Opt, class K, class P>
 void step_param(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   switch (slot.grad_dtype) {
-    case kFloat32: return step_typed<Opt, P, F32>(slot, flags, b0, b1);
-    case kBfloat16: return step_typed<Opt, P, BF16>(slot, flags, b0, b1);
-    case kFloat16: return step_typed<Opt, P, F16>(slot, flags, b0, b1);
+    case kFloat32: return step_typed<Opt, K, P, F32>(slot, flags, b0, b1);
+    case kBfloat16: return step_typed<Opt, K, P, BF16>(slot, flags, b0, b1);
+    case kFloat16: return step_typed<Opt, K, P, F16>(slot, flags, b0, b1);
   }
 }
 
-template <class Opt>
+template <class Opt, class K>
 void step_optimizer(const StepSlot& slot, const StepFlags& flags, int64_t b0, int64_t b1) {
   switch (slot.param_dtype) {
-    case kFloat32: return step_param<Opt, F32>(slot, flags, b0, b1);
-    case kBfloat16: return step_param<Opt, BF16>(slot, flags, b0, b1);
-    case kFloat16: return step_param<Opt, F16>(slot, flags, b0, b1);
+    case kFloat32: return step_param<Opt, K, F32>(slot, flags, b0, b1);
+    case kBfloat16: return step_param<Opt, K, BF16>(slot, flags, b0, b1);
+    case kFloat16: return step_param<Opt, K, F16>(slot, flags, b0, b1);
   }
 }
 
@@ -129,8 +124,11 @@ bool any_nonfinite(const void* grad, int64_t begin, int64_t end) {
 void step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end) {
   block_begin = step_blocks_simd(slot, flags, block_begin, block_end);
   if (block_begin >= block_end) return;
-  with_optimizer(flags.hyper.optimizer,
-                 [&](auto opt) { step_optimizer<decltype(opt)>(slot, flags, block_begin, block_end); });
+  with_optimizer(flags.hyper.optimizer, [&](auto opt) {
+    with_kind(flags.kind, [&](auto kind) {
+      step_optimizer<decltype(opt), decltype(kind)>(slot, flags, block_begin, block_end);
+    });
+  });
 }
 
 bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end) {
@@ -145,21 +143,27 @@ bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end) {
 void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t block_begin,
                      int64_t block_end) {
   block_begin = quantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
-  const int64_t bs = work_block_size(codec.kind);
-  for (int64_t b = block_begin; b < block_end; ++b) {
-    const int64_t start = b * bs;
-    store_state(codec, dst, b, start, std::min(bs, numel - start), src + start);
-  }
+  with_kind(codec.kind, [&](auto kind) {
+    using K = decltype(kind);
+    const Codec<K> c = host_codec<K>(codec.second_moment);
+    for (int64_t b = block_begin; b < block_end; ++b) {
+      const int64_t start = b * K::work_block;
+      store_state(c, dst, b, start, std::min(K::work_block, numel - start), src + start);
+    }
+  });
 }
 
 void dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t block_begin,
                        int64_t block_end) {
   block_begin = dequantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
-  const int64_t bs = work_block_size(codec.kind);
-  for (int64_t b = block_begin; b < block_end; ++b) {
-    const int64_t start = b * bs;
-    load_state(codec, src, b, start, std::min(bs, numel - start), dst + start);
-  }
+  with_kind(codec.kind, [&](auto kind) {
+    using K = decltype(kind);
+    const Codec<K> c = host_codec<K>(codec.second_moment);
+    for (int64_t b = block_begin; b < block_end; ++b) {
+      const int64_t start = b * K::work_block;
+      load_state(c, src, b, start, std::min(K::work_block, numel - start), dst + start);
+    }
+  });
 }
 
 }  // namespace lbopt::cpu

@@ -17,11 +17,11 @@ __constant__ float kSigned8Mids[256] = {LBOPT_SIGNED8_MIDS};
 __constant__ float kUnsigned8Values[256] = {LBOPT_UNSIGNED8_VALUES};
 __constant__ float kUnsigned8Mids[256] = {LBOPT_UNSIGNED8_MIDS};
 
-// The four tables (values and midpoints of the signed and unsigned maps) of state kind KIND, copied into this
+// The four tables (values and midpoints of the signed and unsigned maps) of state kind K, copied into this
 // CTA's shared memory. Every thread of the CTA calls it, before any of them returns (it synchronizes the CTA).
-template <int KIND>
+template <class K>
 __device__ __forceinline__ CodebookTables shared_codebooks() {
-  constexpr int n = KIND == kState4Bit ? 16 : KIND == kState8Bit ? 256 : 0;
+  constexpr int n = int(K::entries);
   if constexpr (n == 0) {
     return CodebookTables{};
   } else {

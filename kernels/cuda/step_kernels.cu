@@ -64,26 +64,25 @@ __device__ __forceinline__ void store_param(Dtype dt, void* base, int i, float x
   }
 }
 
-template <int KIND>
+template <class K>
 struct Geometry {
-  static constexpr int kBlock = int(KIND == kState4Bit ? kBlock4Bit : KIND == kState8Bit ? kBlock8Bit : kBlockFp8);
+  static constexpr int kBlock = int(K::work_block);
   static constexpr int kPerLane = kBlock / 32;  // a warp per block
   // Element of a block handled by lane, k-th: 4-bit keeps nibble pairs in one lane.
   __device__ static int local(int lane, int k) {
-    return KIND == kState4Bit ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
+    return K::code_bits == 4 ? 2 * (lane + 32 * (k >> 1)) + (k & 1) : lane + 32 * k;
   }
   // A state's codes from the block's first element on.
   __device__ static void* codes_at(void* codes, int64_t start) {
-    return static_cast<char*>(codes) + state_byte(KIND, start);
+    return static_cast<char*>(codes) + state_byte<K>(start);
   }
 };
 
 // A state's value at element i of a block whose codes start at codes.
-template <int KIND>
-__device__ __forceinline__ float load_state(const StateCodec& c, const void* codes, int i, float scale) {
-  if (KIND == kStateFp32) return static_cast<const float*>(codes)[i];
-  const uint8_t* b = static_cast<const uint8_t*>(codes);
-  return c.decode(KIND == kState4Bit ? nibble_get(b, i) : b[i], scale);
+template <class K>
+__device__ __forceinline__ float load_state(const Codec<K>& c, const void* codes, int i, float scale) {
+  if constexpr (K::float_codes) return static_cast<const float*>(codes)[i];
+  else return c.decode(code_at<K>(static_cast<const uint8_t*>(codes), i), scale);
 }
 
 // Max over the warp of values >= 0, in every lane: their IEEE bits order as the values do.
@@ -101,34 +100,34 @@ __device__ __forceinline__ float warp_max_nonnegative(float x) {
 
 // Requantize the E values this lane holds of a block of n elements (FULL: n is the block size) whose codes start
 // at codes, with the warp's absmax scale, stored to *scale_out.
-template <int KIND, bool FULL, int E>
-__device__ __forceinline__ void store_block(const StateCodec& c, void* codes, float* scale_out, int n,
+template <class K, bool FULL, int E>
+__device__ __forceinline__ void store_block(const Codec<K>& c, void* codes, float* scale_out, int n,
                                             const int (&local)[E], const float (&x)[E], int lane) {
-  if (KIND == kStateFp32) {
+  if constexpr (K::float_codes) {
 #pragma unroll
     for (int k = 0; k < E; ++k)
       if (FULL || local[k] < n) static_cast<float*>(codes)[local[k]] = x[k];
-    return;
-  }
-  float absmax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < E; ++k)
-    if (FULL || local[k] < n) absmax = fmaxf(absmax, fabsf(finite_or_zero(x[k])));
-  const StateCodec::BlockScale scale = c.block_scale(warp_max_nonnegative(absmax));
-  if (lane == 0) *scale_out = scale.scale;
-  uint8_t* b = static_cast<uint8_t*>(codes);
-  if (KIND == kState4Bit) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
-#pragma unroll
-    for (int k = 0; k < E; k += 2) {
-      if (!FULL && local[k] >= n) continue;
-      const uint32_t hi = c.encode(finite_or_zero(x[k]), scale);
-      const uint32_t lo = FULL || local[k + 1] < n ? c.encode(finite_or_zero(x[k + 1]), scale) : 0u;
-      b[local[k] >> 1] = uint8_t((hi << 4) | lo);
-    }
   } else {
+    float absmax = 0.0f;
 #pragma unroll
     for (int k = 0; k < E; ++k)
-      if (FULL || local[k] < n) b[local[k]] = uint8_t(c.encode(finite_or_zero(x[k]), scale));
+      if (FULL || local[k] < n) absmax = fmaxf(absmax, fabsf(finite_or_zero(x[k])));
+    const auto scale = c.block_scale(warp_max_nonnegative(absmax));
+    if (lane == 0) *scale_out = scale.scale;
+    uint8_t* b = static_cast<uint8_t*>(codes);
+    if constexpr (K::code_bits == 4) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
+#pragma unroll
+      for (int k = 0; k < E; k += 2) {
+        if (!FULL && local[k] >= n) continue;
+        const uint32_t hi = c.encode(finite_or_zero(x[k]), scale);
+        const uint32_t lo = FULL || local[k + 1] < n ? c.encode(finite_or_zero(x[k + 1]), scale) : 0u;
+        b[local[k] >> 1] = uint8_t((hi << 4) | lo);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < E; ++k)
+        if (FULL || local[k] < n) b[local[k]] = uint8_t(c.encode(finite_or_zero(x[k]), scale));
+    }
   }
 }
 
@@ -143,7 +142,7 @@ __device__ __forceinline__ int slot_of(const StepLaunch& a, int64_t block) {
 }
 
 // What a warp needs of its slot for one block, read once: dtypes, scalars, and pointers at the block's start.
-template <class Opt, int KIND>
+template <class Opt, class K>
 struct BlockArgs {
   typename Opt::Scalars sc;
   float factor;
@@ -159,15 +158,15 @@ struct BlockArgs {
 // One block of a slot: every load is issued before the first store (the compiler cannot tell that a param store
 // aliases none of the later loads, so loads left after it would each wait for it). FULL: all kBlock elements,
 // no bounds checks.
-template <class Opt, int KIND, bool FULL>
-__device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const StateCodec (&codec)[kMaxStates],
+template <class Opt, class K, bool FULL>
+__device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Codec<K> (&codec)[kMaxStates],
                                            int n_states, bool sr, uint64_t seed, int lane) {
-  using G = Geometry<KIND>;
+  using G = Geometry<K>;
   constexpr int E = G::kPerLane;
   float scale[kMaxStates] = {};
 #pragma unroll
   for (int s = 0; s < kMaxStates; ++s)
-    if (KIND != kStateFp32 && s < n_states) scale[s] = *k.scales[s];
+    if (!K::float_codes && s < n_states) scale[s] = *k.scales[s];
   int local[E];
   float p[E], g[E], x[kMaxStates][E];
 #pragma unroll
@@ -178,7 +177,7 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const 
   for (int j = 0; j < E; ++j)
 #pragma unroll
     for (int s = 0; s < kMaxStates; ++s)
-      x[s][j] = (FULL || local[j] < k.n) && s < n_states ? load_state<KIND>(codec[s], k.codes[s], local[j], scale[s])
+      x[s][j] = (FULL || local[j] < k.n) && s < n_states ? load_state<K>(codec[s], k.codes[s], local[j], scale[s])
                                                         : 0.0f;
 #pragma unroll
   for (int j = 0; j < E; ++j)
@@ -190,21 +189,21 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, KIND>& k, const 
   __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
 #pragma unroll
   for (int s = 0; s < kMaxStates; ++s)
-    if (s < n_states) store_block<KIND, FULL>(codec[s], k.codes[s], k.scales[s], k.n, local, x[s], lane);
+    if (s < n_states) store_block<K, FULL>(codec[s], k.codes[s], k.scales[s], k.n, local, x[s], lane);
   __syncwarp();
 }
 
 // At least 3 CTAs (24 warps) per multiprocessor for the quantized kinds: the step is bound by latency, and on an
 // H200 this cap (80 registers, some spilled) runs them faster than the 94-128 registers uncapped; the FP32 kind
 // runs fastest uncapped (docs/benchmarks.md, "GPU kernel choices").
-template <class Opt, int KIND>
-__global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3)
+template <class Opt, class K>
+__global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
     step_kernel(const __grid_constant__ StepLaunch a) {
-  using G = Geometry<KIND>;
+  using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  const CodebookTables tables = shared_codebooks<KIND>();
+  const CodebookTables tables = shared_codebooks<K>();
 
   // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
   bool skip_all = a.found_inf && *a.found_inf != 0.0f;
@@ -226,9 +225,9 @@ __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3)
   }
   // Loops over states run to kMaxStates, guarded, so that they unroll and the per-state arrays stay in registers
   const int n_states = Opt::states(a.hyper);
-  StateCodec codec[kMaxStates];
+  Codec<K> codec[kMaxStates];
 #pragma unroll
-  for (int k = 0; k < kMaxStates; ++k) codec[k] = codec_for(KIND, Opt::second_moment(k), tables);
+  for (int k = 0; k < kMaxStates; ++k) codec[k] = codec_of<K>(Opt::second_moment(k), tables);
   const float device_factor = a.grad_scale ? grad_factor(grad_scale, false) : 1.0f;
   // The capturable step's scalars are the same for every slot: derived once per CTA, kept out of registers
   __shared__ OptScalars device_scalars;
@@ -239,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3)
     const int s = slot_of(a, w);
     if (a.skip[s]) continue;  // a non-finite gradient somewhere in this tensor
     const StepSlot& sl = a.slots[s];
-    BlockArgs<Opt, KIND> k;
+    BlockArgs<Opt, K> k;
     k.sc = a.lr_scalar ? device_scalars.template get<Opt>() : sl.scalars.template get<Opt>();
     k.factor = (a.lr_scalar ? device_grad_factor : sl.grad_factor) * device_factor;
     k.step = a.lr_scalar ? int64_t(step) : sl.step;
@@ -253,16 +252,16 @@ __global__ void __launch_bounds__(kThreads, KIND == kStateFp32 ? 1 : 3)
 #pragma unroll
     for (int i = 0; i < kMaxStates; ++i) {
       k.codes[i] = i < n_states ? G::codes_at(sl.states[i].codes, k.start) : nullptr;
-      k.scales[i] = KIND != kStateFp32 && i < n_states ? sl.states[i].scales + b : nullptr;
+      k.scales[i] = !K::float_codes && i < n_states ? sl.states[i].scales + b : nullptr;
     }
-    if (k.n == G::kBlock) step_block<Opt, KIND, true>(k, codec, n_states, a.stochastic_round, a.seed, lane);
-    else step_block<Opt, KIND, false>(k, codec, n_states, a.stochastic_round, a.seed, lane);
+    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codec, n_states, a.stochastic_round, a.seed, lane);
+    else step_block<Opt, K, false>(k, codec, n_states, a.stochastic_round, a.seed, lane);
   }
 }
 
-template <int KIND>
+template <class K>
 __global__ void __launch_bounds__(kThreads) nonfinite_kernel(const __grid_constant__ StepLaunch a) {
-  using G = Geometry<KIND>;
+  using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -281,19 +280,19 @@ __global__ void __launch_bounds__(kThreads) nonfinite_kernel(const __grid_consta
   }
 }
 
-template <int KIND>
+template <class K>
 __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a, int64_t n_blocks) {
-  using G = Geometry<KIND>;
+  using G = Geometry<K>;
   constexpr int E = G::kPerLane;
   const int lane = threadIdx.x & 31;
-  const StateCodec c = codec_for(KIND, a.second_moment, shared_codebooks<KIND>());
+  const Codec<K> c = codec_of<K>(a.second_moment, shared_codebooks<K>());
   for (int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < n_blocks;
        b += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t start = b * G::kBlock;
     const int n = int(min(int64_t(G::kBlock), a.numel - start));
     void* codes = G::codes_at(a.state.codes, start);
     float* values = a.values + start;
-    const float scale = KIND == kStateFp32 ? 0.0f : a.state.scales[b];
+    const float scale = K::float_codes ? 0.0f : a.state.scales[b];
     int local[E];
     float x[E];
 #pragma unroll
@@ -302,10 +301,10 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
       x[k] = 0.0f;
       if (local[k] >= n) continue;
       if (a.to_state) x[k] = values[local[k]];
-      else values[local[k]] = load_state<KIND>(c, codes, local[k], scale);
+      else values[local[k]] = load_state<K>(c, codes, local[k], scale);
     }
     if (a.to_state)
-      store_block<KIND, false>(c, codes, KIND == kStateFp32 ? nullptr : a.state.scales + b, n, local, x, lane);
+      store_block<K, false>(c, codes, K::float_codes ? nullptr : a.state.scales + b, n, local, x, lane);
   }
 }
 
@@ -314,34 +313,29 @@ int grid_for(int64_t warps_needed) {
   return int(ctas < 1 ? 1 : (ctas > kMaxGrid ? kMaxGrid : ctas));
 }
 
-template <template <int> class Kernel, class Args, class... Rest>
+template <template <class> class Kernel, class Args, class... Rest>
 cudaError_t launch_kind(int kind, int64_t warps, cudaStream_t stream, const Args& a, Rest... rest) {
   const int grid = grid_for(warps);
-  switch (kind) {
-    case kState4Bit: Kernel<kState4Bit>::launch(grid, stream, a, rest...); break;
-    case kState8Bit: Kernel<kState8Bit>::launch(grid, stream, a, rest...); break;
-    case kStateFp8: Kernel<kStateFp8>::launch(grid, stream, a, rest...); break;
-    default: Kernel<kStateFp32>::launch(grid, stream, a, rest...);
-  }
+  with_kind(kind, [&](auto k) { Kernel<decltype(k)>::launch(grid, stream, a, rest...); });
   return cudaGetLastError();
 }
 
 template <class Opt>
 struct Step {
-  template <int K>
+  template <class K>
   struct Kind {
     static void launch(int grid, cudaStream_t s, const StepLaunch& a) {
       step_kernel<Opt, K><<<grid, kThreads, 0, s>>>(a);
     }
   };
 };
-template <int K>
+template <class K>
 struct Nonfinite {
   static void launch(int grid, cudaStream_t s, const StepLaunch& a) {
     nonfinite_kernel<K><<<grid, kThreads, 0, s>>>(a);
   }
 };
-template <int K>
+template <class K>
 struct Convert {
   static void launch(int grid, cudaStream_t s, const ConvertLaunch& a, int64_t n_blocks) {
     convert_kernel<K><<<grid, kThreads, 0, s>>>(a, n_blocks);

@@ -16,10 +16,10 @@ clang++ --target=aarch64-linux-gnu -march="$march" -std=c++17 -O2 -Wall -Wextra 
   -I"$root" -I"$root/abi" -isystem "$work/inc" -isystem "$cxxdir" -isystem "$cxxdir/aarch64-linux-gnu" \
   -isystem "$sysroot" -c "$root/kernels/cpu/step_simd.cpp" -o "$work/simd.o"
 for target in "$@"; do
-  # the general step kernel of each optimizer and kind (step_blocks<Opt, 0..3, Shape<-1, -1>>, its defaulted
+  # the general step kernel of each optimizer and kind (step_loop<Opt, Kind, Shape<-1, -1>>, its defaulted
   # arguments spelled out or not), kilobytes of code each; targets without FMA have none
   n=$(nm -C "$work/simd.o" |
-    grep -cE "N_${target}::step_blocks<lbopt::[A-Za-z]*, [0-3], [a-z:_A-Z0-9]*Shape<-1, -1(, false(, -1)?)?> ?>\([^)]*\)$" || true)
+    grep -cE "N_${target}::step_loop<lbopt::[A-Za-z]*, lbopt::Kind[A-Za-z0-9]*, [a-z:_A-Z0-9]*Shape<-1, -1(, false(, -1)?)?> ?>\([^)]*\)$" || true)
   echo "$march: $n step kernels for $target"
   [ "$n" -eq 16 ] || { echo "missing SIMD step kernels for $target (4 optimizers x 4 kinds)"; exit 1; }
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The step's software prefetch is in the library: GCC deleted every prefetch loop of kernels/cpu/step_simd.cpp
-# unnoticed once (see kPrefetch in step_blocks there). Each x86 target's 4-bit AdamW kernel for fp32
-# params (the shaped loop, Shape<0, 2, ...>) must hold prefetch instructions. x86-64 with objdump only; exit 77
+# unnoticed once (see StepLoop::prefetch there). Each x86 target's 4-bit AdamW kernel for fp32
+# params (the shaped loops, Shape<0, 2, ...>) must hold prefetch instructions. x86-64 with objdump only; exit 77
 # elsewhere.
 # usage: prefetch_emitted.sh LIBRARY TARGET...      e.g. ... build/liblbopt.so.0 AVX2 AVX3
 set -euo pipefail
@@ -9,7 +9,7 @@ lib=$1
 shift
 [ "$(uname -m)" = x86_64 ] && command -v objdump >/dev/null || { echo "not x86-64 or no objdump: skipped"; exit 77; }
 for target in "$@"; do
-  n=$(objdump -d -C --no-show-raw-insn "$lib" | awk -v t="N_${target}::step_blocks<lbopt::AdamW, 0, lbopt::cpu::N_${target}::Shape<0, 2," '
+  n=$(objdump -d -C --no-show-raw-insn "$lib" | awk -v t="N_${target}::step_loop<lbopt::AdamW, lbopt::Kind4Bit, lbopt::cpu::N_${target}::Shape<0, 2," '
     /^[0-9a-f]+ <.*>:$/ { inside = index($0, t) > 0 }
     inside && /\tprefetch/ { n++ }
     END { print n + 0 }')

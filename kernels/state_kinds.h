@@ -1,0 +1,158 @@
+// The state kinds: how a state's values are stored (docs/formats.md, "State kinds"). One struct per kind holds what
+// the loops, the layout, the bindings and the registry read of it: its block, its codes and its per-value map.
+// Kinds below is the only list of them; the per-block codec that uses a kind's map is quant.h's Codec.
+#ifndef LBOPT_STATE_KINDS_H
+#define LBOPT_STATE_KINDS_H
+#include <math.h>
+#include <stdint.h>
+
+#include "dtype_convert.h"
+#include "hd.h"
+#include "type_list.h"
+
+namespace lbopt {
+
+// Encoded kinds; values match lbopt_state_kind.
+enum StateKind : int { kState4Bit = 0, kState8Bit = 1, kStateFp8 = 2, kStateFp32 = 3, kNumStateKinds = 4 };
+
+// Number of decision midpoints <= x: the nearest code, ties up (torchao). mids holds n entries, the last +inf,
+// n a power of two, so the search is branch-free with log2(n) steps.
+LBOPT_HD uint32_t codebook_encode(const float* mids, uint32_t n, float x) {
+  uint32_t idx = 0;
+  for (uint32_t step = n >> 1; step > 0; step >>= 1) idx += (mids[idx + step - 1] <= x) ? step : 0u;
+  return idx;
+}
+
+// float8 e4m3fn with round-to-nearest-even and saturation to +-448 (a plain cast can make NaN past 448).
+LBOPT_HD uint8_t fp8_e4m3_encode(float x) {
+  const uint8_t sign = uint8_t((float_bits(x) >> 24) & 0x80u);
+  float a = fabsf(x);
+  if (!(a < 448.0f)) a = 448.0f;          // saturate (NaN too; callers pass finite values)
+  if (a < 0.015625f) {                     // below 2^-6: subnormal steps of 2^-9; 8 * 2^-9 is the code 0x08
+    return uint8_t(sign | uint8_t(rintf(a * 512.0f)));
+  }
+  uint32_t b = float_bits(a);
+  b += 0x7ffffu + ((b >> 20) & 1u);        // round the 23-bit mantissa to 3 bits, nearest even
+  const uint32_t code = (b >> 20) - (120u << 3);  // (exponent - 120) << 3 | the 3 mantissa bits, in one step
+  return uint8_t(sign | (code > 0x7eu ? 0x7eu : code));
+}
+
+LBOPT_HD float fp8_e4m3_decode(uint8_t c) {
+  const uint32_t exp = (c >> 3) & 0xfu;
+  const uint32_t mant = c & 7u;
+  const float mag = exp == 0 ? float(mant) * 0.001953125f : bits_float(((exp + 120u) << 23) | (mant << 20));
+  return (c & 0x80u) ? -mag : mag;
+}
+
+// What a kind is unless it says otherwise.
+struct KindDefaults {
+  static constexpr bool float_codes = false;  // the "codes" are the float32 values themselves, with no scales
+  static constexpr uint32_t entries = 0;      // the size of its codebooks (a signed and an unsigned map); 0: none
+  static constexpr float range = 1.0f;        // the value a block's absmax encodes to: scale = absmax / range
+  static constexpr bool reciprocal = false;   // the encode takes x * RN(1 / scale) rather than x / scale
+  static constexpr bool zero_code = false;    // a second moment's map has a code for 0 (which a v > 0 must not take)
+};
+
+struct Kind4Bit : KindDefaults {
+  static constexpr StateKind id = kState4Bit;
+  static constexpr const char* name = "4bit";
+  static constexpr const char* doc = "4-bit";
+  static constexpr int64_t block = 128;       // elements per scale (torchao's)
+  static constexpr int64_t work_block = block;
+  static constexpr int code_bits = 4;         // element 2i in the high nibble, 2i + 1 in the low one (torchao's)
+  static constexpr uint32_t entries = 16;
+  LBOPT_HD static uint32_t encode_value(float y, const float* mids) { return codebook_encode(mids, 16, y); }
+  LBOPT_HD static float decode_value(uint32_t code, const float* values) { return values[code]; }
+};
+
+struct Kind8Bit : KindDefaults {
+  static constexpr StateKind id = kState8Bit;
+  static constexpr const char* name = "8bit";
+  static constexpr const char* doc = "8-bit";
+  static constexpr int64_t block = 256;       // torchao's
+  static constexpr int64_t work_block = block;
+  static constexpr int code_bits = 8;
+  static constexpr uint32_t entries = 256;
+  // bitsandbytes' blockwise quantizer multiplies by the reciprocal; a division costs the 8-bit step a divider-bound
+  // share of its time (docs/formats.md, "Encoding and decoding")
+  static constexpr bool reciprocal = true;
+  static constexpr bool zero_code = true;     // the unsigned dynamic map's code 0 is 0
+  LBOPT_HD static uint32_t encode_value(float y, const float* mids) { return codebook_encode(mids, 256, y); }
+  LBOPT_HD static float decode_value(uint32_t code, const float* values) { return values[code]; }
+};
+
+struct KindFp8 : KindDefaults {
+  static constexpr StateKind id = kStateFp8;
+  static constexpr const char* name = "fp8";
+  static constexpr const char* doc = "float8 e4m3";
+  static constexpr int64_t block = 256;
+  static constexpr int64_t work_block = block;
+  static constexpr int code_bits = 8;
+  static constexpr float range = 448.0f;      // e4m3's largest finite value
+  static constexpr bool zero_code = true;
+  LBOPT_HD static uint32_t encode_value(float y, const float*) { return fp8_e4m3_encode(y); }
+  LBOPT_HD static float decode_value(uint32_t code, const float*) { return fp8_e4m3_decode(uint8_t(code)); }
+};
+
+struct KindFp32 : KindDefaults {
+  static constexpr StateKind id = kStateFp32;
+  static constexpr const char* name = "fp32";
+  static constexpr const char* doc = "fp32";
+  static constexpr int64_t block = 0;         // no scales
+  static constexpr int64_t work_block = 256;  // a unit of work of the same order as the others'
+  static constexpr int code_bits = 32;
+  static constexpr bool float_codes = true;
+};
+
+// In lbopt_state_kind order (StateKind): a kind's index is its id.
+using Kinds = TypeList<Kind4Bit, Kind8Bit, KindFp8, KindFp32>;
+static_assert(Kinds::size == kNumStateKinds, "one list entry per StateKind");
+
+// f(Kind{}) for the kind of that id (validation accepts no other).
+template <class F>
+LBOPT_HD decltype(auto) with_kind(int kind, F&& f) {
+  return with_entry<Kinds>(kind, static_cast<F&&>(f));
+}
+
+template <class... Ks>
+constexpr int64_t max_work_block(TypeList<Ks...>) {
+  int64_t m = 0;
+  ((m = Ks::work_block > m ? Ks::work_block : m), ...);
+  return m;
+}
+// Every kind's unit of work fits in kMaxBlock elements.
+constexpr int64_t kMaxBlock = max_work_block(Kinds{});
+
+// Elements per scale; 0 for the unblocked FP32 kind.
+LBOPT_HD int64_t state_block_size(int kind) {
+  return with_kind(kind, [](auto k) { return decltype(k)::block; });
+}
+
+// Elements per unit of work: the scale block, and a chunk of the same order for FP32.
+LBOPT_HD int64_t work_block_size(int kind) {
+  return with_kind(kind, [](auto k) { return decltype(k)::work_block; });
+}
+
+// The byte offset of element e (a block's first, so even for 4-bit) in a state of kind K.
+template <class K>
+LBOPT_HD int64_t state_byte(int64_t e) {
+  return e * K::code_bits / 8;
+}
+
+// Kind K's code of element i of a state whose codes start at codes (not FP32's).
+template <class K>
+LBOPT_HD uint32_t code_at(const uint8_t* codes, int64_t i) {
+  if constexpr (K::code_bits == 4) return (codes[i >> 1] >> ((i & 1) ? 0 : 4)) & 0xfu;
+  else return codes[i];
+}
+
+// The name of a kind (lbopt_state_kind_name, the registry's operator names) and the same in words (operator docs).
+inline const char* state_kind_name(int kind) {
+  return with_kind(kind, [](auto k) { return decltype(k)::name; });
+}
+inline const char* state_kind_doc(int kind) {
+  return with_kind(kind, [](auto k) { return decltype(k)::doc; });
+}
+
+}  // namespace lbopt
+#endif  // LBOPT_STATE_KINDS_H
