@@ -53,32 +53,34 @@ struct KindDefaults {
   static constexpr bool zero_code = false;    // a second moment's map has a code for 0 (which a v > 0 must not take)
 };
 
-struct Kind4Bit : KindDefaults {
+// A kind whose codes index codebooks of kEntries values (the nearest value, by codebook_encode's search).
+template <uint32_t kEntries>
+struct CodebookKind : KindDefaults {
+  static constexpr uint32_t entries = kEntries;
+  LBOPT_HD static uint32_t encode_value(float y, const float* mids) { return codebook_encode(mids, kEntries, y); }
+  LBOPT_HD static float decode_value(uint32_t code, const float* values) { return values[code]; }
+};
+
+struct Kind4Bit : CodebookKind<16> {
   static constexpr StateKind id = kState4Bit;
   static constexpr const char* name = "4bit";
   static constexpr const char* doc = "4-bit";
   static constexpr int64_t block = 128;       // elements per scale (torchao's)
   static constexpr int64_t work_block = block;
   static constexpr int code_bits = 4;         // element 2i in the high nibble, 2i + 1 in the low one (torchao's)
-  static constexpr uint32_t entries = 16;
-  LBOPT_HD static uint32_t encode_value(float y, const float* mids) { return codebook_encode(mids, 16, y); }
-  LBOPT_HD static float decode_value(uint32_t code, const float* values) { return values[code]; }
 };
 
-struct Kind8Bit : KindDefaults {
+struct Kind8Bit : CodebookKind<256> {
   static constexpr StateKind id = kState8Bit;
   static constexpr const char* name = "8bit";
   static constexpr const char* doc = "8-bit";
   static constexpr int64_t block = 256;       // torchao's
   static constexpr int64_t work_block = block;
   static constexpr int code_bits = 8;
-  static constexpr uint32_t entries = 256;
   // bitsandbytes' blockwise quantizer multiplies by the reciprocal; a division costs the 8-bit step a divider-bound
   // share of its time (docs/formats.md, "Encoding and decoding")
   static constexpr bool reciprocal = true;
   static constexpr bool zero_code = true;     // the unsigned dynamic map's code 0 is 0
-  LBOPT_HD static uint32_t encode_value(float y, const float* mids) { return codebook_encode(mids, 256, y); }
-  LBOPT_HD static float decode_value(uint32_t code, const float* values) { return values[code]; }
 };
 
 struct KindFp8 : KindDefaults {

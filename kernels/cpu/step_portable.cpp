@@ -140,29 +140,33 @@ bool has_nonfinite(const void* grad, Dtype dtype, int64_t begin, int64_t end) {
   return true;
 }
 
-void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t block_begin,
-                     int64_t block_end) {
-  block_begin = quantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
+// f(codec, b, start, n) for each block b in [block_begin, block_end) of a state of numel elements: its first
+// element and its length.
+template <class F>
+void for_each_block(const StateCodec& codec, int64_t numel, int64_t block_begin, int64_t block_end, const F& f) {
   with_kind(codec.kind, [&](auto kind) {
     using K = decltype(kind);
     const Codec<K> c = host_codec<K>(codec.second_moment);
     for (int64_t b = block_begin; b < block_end; ++b) {
       const int64_t start = b * K::work_block;
-      store_state(c, dst, b, start, std::min(K::work_block, numel - start), src + start);
+      f(c, b, start, std::min(K::work_block, numel - start));
     }
+  });
+}
+
+void quantize_blocks(const StateCodec& codec, const float* src, StateRef dst, int64_t numel, int64_t block_begin,
+                     int64_t block_end) {
+  block_begin = quantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
+  for_each_block(codec, numel, block_begin, block_end, [&](const auto& c, int64_t b, int64_t start, int64_t n) {
+    store_state(c, dst, b, start, n, src + start);
   });
 }
 
 void dequantize_blocks(const StateCodec& codec, StateRef src, float* dst, int64_t numel, int64_t block_begin,
                        int64_t block_end) {
   block_begin = dequantize_blocks_simd(codec, src, dst, numel, block_begin, block_end);
-  with_kind(codec.kind, [&](auto kind) {
-    using K = decltype(kind);
-    const Codec<K> c = host_codec<K>(codec.second_moment);
-    for (int64_t b = block_begin; b < block_end; ++b) {
-      const int64_t start = b * K::work_block;
-      load_state(c, src, b, start, std::min(K::work_block, numel - start), dst + start);
-    }
+  for_each_block(codec, numel, block_begin, block_end, [&](const auto& c, int64_t b, int64_t start, int64_t n) {
+    load_state(c, src, b, start, n, dst + start);
   });
 }
 

@@ -2,6 +2,7 @@
 #include <cuda/functional>
 
 #include "../dtype_convert.h"
+#include "../encode_in_x.h"
 #include "../quant.h"
 #include "codebooks_device.cuh"
 #include "step_kernels.cuh"
@@ -98,6 +99,18 @@ __device__ __forceinline__ float warp_max_nonnegative(float x) {
 #endif
 }
 
+// The thresholds in x of a 4-bit map for block scale s (encode_in_x.h), in this warp's row of shared memory: lane
+// k < 16 computes threshold k. Every lane of the warp calls it; the row stays valid until its next call.
+template <class K>
+__device__ __forceinline__ const float* warp_thresholds(const Codec<K>& c, float s, int lane) {
+  __shared__ float rows[kWarps][16];
+  float* row = rows[threadIdx.x / 32];
+  __syncwarp();  // every lane is done with the previous thresholds
+  if (lane < 16) row[lane] = threshold_in_x(c.mids, lane, s);
+  __syncwarp();
+  return row;
+}
+
 // Requantize the E values this lane holds of a block of n elements (FULL: n is the block size) whose codes start
 // at codes, with the warp's absmax scale, stored to *scale_out.
 template <class K, bool FULL, int E>
@@ -116,11 +129,14 @@ __device__ __forceinline__ void store_block(const Codec<K>& c, void* codes, floa
     if (lane == 0) *scale_out = scale.scale;
     uint8_t* b = static_cast<uint8_t*>(codes);
     if constexpr (K::code_bits == 4) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
+      // the codes of x itself, searched among thresholds: Codec::encode's codes without a division per element
+      static_assert(K::entries == 16 && !K::reciprocal && !K::zero_code, "thresholds in x serve a 4-bit map");
+      const float* t = warp_thresholds(c, scale.scale, lane);
 #pragma unroll
       for (int k = 0; k < E; k += 2) {
         if (!FULL && local[k] >= n) continue;
-        const uint32_t hi = c.encode(finite_or_zero(x[k]), scale);
-        const uint32_t lo = FULL || local[k + 1] < n ? c.encode(finite_or_zero(x[k + 1]), scale) : 0u;
+        const uint32_t hi = codebook_encode(t, 16, finite_or_zero(x[k]));
+        const uint32_t lo = FULL || local[k + 1] < n ? codebook_encode(t, 16, finite_or_zero(x[k + 1])) : 0u;
         b[local[k] >> 1] = uint8_t((hi << 4) | lo);
       }
     } else {
