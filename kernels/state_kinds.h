@@ -110,6 +110,14 @@ struct KindFp32 : KindDefaults {
 using Kinds = TypeList<Kind4Bit, Kind8Bit, KindFp8, KindFp32>;
 static_assert(Kinds::size == kNumStateKinds, "one list entry per StateKind");
 
+// What the layout and the loops assume of every kind: codes of 4 bits (two a byte) or of whole bytes, float32
+// values exactly where there are no scales.
+template <class... Ks>
+constexpr bool kinds_are_laid_out(TypeList<Ks...>) {
+  return (((Ks::code_bits == 4 || Ks::code_bits % 8 == 0) && Ks::float_codes == (Ks::block == 0)) && ...);
+}
+static_assert(kinds_are_laid_out(Kinds{}), "a kind the layout cannot hold");
+
 // f(Kind{}) for the kind of that id (validation accepts no other).
 template <class F>
 LBOPT_HD decltype(auto) with_kind(int kind, F&& f) {
