@@ -16,7 +16,7 @@ struct DeviceCount {
 struct Backend {
   const char* name;
   DeviceClass device;
-  DeviceCount (*devices)();  // asked once per process and kept
+  DeviceCount (*devices)();  // the backend asks its runtime once per process
   // Checks of a validated plan that only this backend's runtime can make (memory, streams), run last by
   // validation; values, state: how messages name a conversion's float32 tensor (NULL: it has none) and its state.
   lbopt_status (*check_step)(const StepPlan& plan);
@@ -34,10 +34,14 @@ const Backend& cuda_backend();
 
 // The backend of a device class, or NULL where this build has none.
 inline const Backend* find_backend(DeviceClass cls) {
-  if (cls == DeviceClass::kHost) return &cpu_backend();
+  const Backend* const backends[] = {
+      &cpu_backend(),
 #if LBOPT_WITH_CUDA
-  if (cls == DeviceClass::kCuda) return &cuda_backend();
+      &cuda_backend(),
 #endif
+  };
+  for (const Backend* b : backends)
+    if (b->device == cls) return b;
   return nullptr;
 }
 

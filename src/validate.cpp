@@ -243,13 +243,13 @@ class CallChecker {
     if (!backend)
       return fail(LBOPT_ERR_UNSUPPORTED, "%s: device cuda:%d, but this build of lbopt has no CUDA backend",
                   Text(first_arg_).c_str(), device_.id);
-    static const DeviceCount count = backend->devices();  // CUDA is the only class besides the host
+    const DeviceCount count = backend->devices();
     if (count.devices == 0)
       return fail(LBOPT_ERR_UNSUPPORTED, "%s: device %s:%d, but %s", Text(first_arg_).c_str(), backend->name,
                   device_.id, count.reason);
     if (device_.id < 0 || device_.id >= count.devices)
-      return fail(LBOPT_ERR_DEVICE, "%s: device %s:%d does not exist (%d CUDA devices)", Text(first_arg_).c_str(),
-                  backend->name, device_.id, count.devices);
+      return fail(LBOPT_ERR_DEVICE, "%s: device %s:%d does not exist (%d %s devices)", Text(first_arg_).c_str(),
+                  backend->name, device_.id, count.devices, backend->name);
     return LBOPT_OK;
   }
 

@@ -138,8 +138,12 @@ __device__ __forceinline__ void store_block(const Codec<K>& c, void* codes, floa
     if constexpr (K::code_bits == 4) {  // lane holds pairs (2q, 2q+1) for q = lane, lane + 32: one byte each
       // kEncodeInX: the codes of x itself, searched among thresholds: Codec::encode's without a division
       static_assert(K::entries == 16 && !K::reciprocal && !K::zero_code, "thresholds in x serve a 4-bit map");
-      const float* t = kEncodeInX ? warp_thresholds(c, scale.scale, lane) : nullptr;
-      const auto code = [&](float v) { return kEncodeInX ? codebook_encode(t, 16, v) : c.encode(v, scale); };
+      const float* t = nullptr;
+      if constexpr (kEncodeInX) t = warp_thresholds(c, scale.scale, lane);  // (not even compiled when off)
+      const auto code = [&](float v) {
+        if constexpr (kEncodeInX) return codebook_encode(t, 16, v);
+        else return c.encode(v, scale);
+      };
 #pragma unroll
       for (int k = 0; k < E; k += 2) {
         if (!FULL && local[k] >= n) continue;

@@ -106,7 +106,7 @@ lbopt_status cuda_state_init(const ConvertPlan& plan) {
 }
 
 DeviceCount cuda_devices() {
-  const CudaAvailability a = cuda_availability();
+  static const CudaAvailability a = cuda_availability();
   return {a.devices, a.reason};
 }
 
