@@ -195,7 +195,15 @@ typedef struct lbopt_step_options {
                                  stepped (non-finite grad with LBOPT_FLAG_SKIP_NONFINITE, or found_inf), else 0.
                                  A caller counting steps per slot should not count those. */
   void* stream;               /* cudaStream_t for CUDA tensors; ignored on CPU */
+  uint32_t flags;             /* LBOPT_STEP_* (since 0.4; a caller built against 0.3 passes the smaller
+                                 struct_size of the struct without it, which means no flags) */
 } lbopt_step_options;
+
+/* options.flags: the caller vouches that the memory of every tensor lies on the device its DLTensor names, as a
+ * framework knows of its own tensors. A CUDA step then skips the runtime query of each pointer (one
+ * cudaPointerGetAttributes per tensor and call); memory elsewhere than claimed is then undefined behaviour instead
+ * of LBOPT_ERR_DEVICE. No effect on host tensors. */
+#define LBOPT_STEP_DEVICES_KNOWN 1u
 
 /* Zero *options and set struct_size; struct_size: sizeof(lbopt_step_options) as the caller sees it. */
 LBOPT_API lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_size);

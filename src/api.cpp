@@ -35,9 +35,10 @@ lbopt_status guarded(F&& body) {
 // Write a struct the caller sized: zero all size bytes, then the fields this library knows, and struct_size.
 template <class T>
 void fill(T* out, size_t size, T value) {
-  value.struct_size = uint32_t(sizeof(T));
+  const size_t own = size < sizeof(T) ? size : sizeof(T);  // a caller built against an older, smaller struct
+  value.struct_size = uint32_t(own);
   memset(out, 0, size);
-  memcpy(out, &value, sizeof(T));
+  memcpy(out, &value, own);
 }
 
 // capturable: lr_t and step_t give lr and step (validate_step).
@@ -216,7 +217,9 @@ lbopt_status lbopt_optimizer_fields(lbopt_optimizer optimizer, const lbopt_field
 
 lbopt_status lbopt_step_options_init(lbopt_step_options* options, size_t struct_size) {
   return guarded([&] {
-    LBOPT_TRY(validate_out_struct(options, "options", struct_size, "struct_size", sizeof(lbopt_step_options)));
+    // lbopt 0.3's struct (without flags), or this one and any larger
+    const size_t known = struct_size == kStepOptionsSize03 ? kStepOptionsSize03 : sizeof(lbopt_step_options);
+    LBOPT_TRY(validate_out_struct(options, "options", struct_size, "struct_size", known));
     fill(options, struct_size, lbopt_step_options{});
     return LBOPT_OK;
   });

@@ -33,6 +33,7 @@ struct StepPlan {
   const float* found_inf = nullptr;
   uint8_t* skipped = nullptr;         // optional [n_slots] out
   void* stream = nullptr;
+  bool devices_known = false;  // LBOPT_STEP_DEVICES_KNOWN: the caller vouches for every pointer's device
   const char* const* state_fields = nullptr;  // how messages name the slots' states (validate_step's argument)
 };
 

@@ -492,9 +492,13 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool
   if (capturable && !step_scalar) return fail(LBOPT_ERR_NULL_POINTER, "step: tensor pointer is NULL");
   if (n_slots == 0) return fail(LBOPT_ERR_INVALID_VALUE, "n_slots: is 0; a step needs at least one slot");
   if (!slots) return fail(LBOPT_ERR_NULL_POINTER, "slots: pointer is NULL with n_slots = %zu", n_slots);
-  if (options && options->struct_size != sizeof(lbopt_step_options))
-    return fail(LBOPT_ERR_STRUCT_SIZE, "options.struct_size = %u, this library knows %zu (use lbopt_step_options_init)",
-                options->struct_size, sizeof(lbopt_step_options));
+  if (options && options->struct_size != sizeof(lbopt_step_options) && options->struct_size != kStepOptionsSize03)
+    return fail(LBOPT_ERR_STRUCT_SIZE, "options.struct_size = %u, this library knows %zu and %zu (use "
+                "lbopt_step_options_init)", options->struct_size, sizeof(lbopt_step_options), kStepOptionsSize03);
+  const uint32_t option_flags = options && options->struct_size == sizeof(lbopt_step_options) ? options->flags : 0;
+  if (option_flags & ~kStepFlags)
+    return fail(LBOPT_ERR_INVALID_VALUE, "options.flags = 0x%x has bits this library does not know (0x%x)",
+                option_flags, option_flags & ~kStepFlags);
 
   const int kind = config->state_kind;
   const Hyper hyper = hyper_of(*config);
@@ -563,6 +567,7 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool
     }
     plan->stream = options->stream;
   }
+  plan->devices_known = (option_flags & LBOPT_STEP_DEVICES_KNOWN) != 0;
   LBOPT_TRY(ck.check_overlaps());
   LBOPT_TRY(ck.device_supported());
   plan->device = ck.device();
@@ -635,7 +640,6 @@ lbopt_status validate_layout_args(lbopt_state_kind kind, int64_t numel, const vo
 
 lbopt_status validate_out_struct(const void* out, const char* name, size_t size, const char* size_name, size_t own) {
   if (!out) return fail(LBOPT_ERR_NULL_POINTER, "%s: pointer is NULL", name);
-  // This release's structs are the first of their kind, so no smaller size is known yet.
   if (size < own) return fail(LBOPT_ERR_STRUCT_SIZE, "%s = %zu, this library needs at least %zu", size_name, size, own);
   return LBOPT_OK;
 }

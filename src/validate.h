@@ -51,8 +51,13 @@ Hyper hyper_of(const lbopt_optimizer_config& config);
 lbopt_status validate_layout_args(lbopt_state_kind kind, int64_t numel, const void* out, size_t out_size);
 
 // A struct the caller sized for the library to fill (its pointer named name, its size field size_name): not NULL,
-// and at least own bytes, the size this library writes.
+// and at least own bytes, the smallest size of that struct this library knows (it fills what size covers).
 lbopt_status validate_out_struct(const void* out, const char* name, size_t size, const char* size_name, size_t own);
+
+// lbopt_step_options as lbopt 0.3 laid it out, without flags: what callers built against that header pass.
+constexpr size_t kStepOptionsSize03 = offsetof(lbopt_step_options, flags);
+// Every bit of lbopt_step_options.flags this library knows.
+constexpr uint32_t kStepFlags = LBOPT_STEP_DEVICES_KNOWN;
 
 lbopt_status validate_optimizer(lbopt_optimizer optimizer);
 

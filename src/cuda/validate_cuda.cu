@@ -68,6 +68,7 @@ lbopt_status validate_cuda_step(const StepPlan& plan) {
   const RelaxedCapture relaxed;
   const int d = plan.device.id;
   LBOPT_TRY(check_stream(plan.stream, d, "options.stream"));
+  if (plan.devices_known) return LBOPT_OK;
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const StepSlot& s = plan.slots[i];
     const long long n = (long long)i;

@@ -307,6 +307,11 @@ const std::vector<Case>& cases() {
     // ---- options ----
     {"options.struct_size wrong", k4, [](Setup& s) { s.options.struct_size = 4; }, step,
      LBOPT_ERR_STRUCT_SIZE, {"options.struct_size"}},
+    {"options.struct_size between 0.3's and this one's", k4,
+     [](Setup& s) { s.options.struct_size = offsetof(lbopt_step_options, flags) + 4; }, step,
+     LBOPT_ERR_STRUCT_SIZE, {"options.struct_size"}},
+    {"options.flags with an unknown bit", k4, [](Setup& s) { s.options.flags = LBOPT_STEP_DEVICES_KNOWN | 4u; },
+     step, LBOPT_ERR_INVALID_VALUE, {"options.flags", "0x4"}},
     {"options.grad_scale with 2 elements", k4, [](Setup& s) { s.grad_scale.shape[0] = 2; }, step,
      LBOPT_ERR_SHAPE, {"options.grad_scale"}},
     {"options.grad_scale = 0", k4, [](Setup& s) { *s.grad_scale.as<float>() = 0.0f; }, step,

@@ -275,6 +275,12 @@ TEST_CASE("invalid device inputs return errors and write nothing") {
     // validation alone refuses what the step refuses
     CHECK(lbopt_adamw_step_validate(&cfg, 1e-3, &s, 1, nullptr) == LBOPT_ERR_DEVICE);
     CHECK(std::string(lbopt_last_error()).find("slots[0].grad") != std::string::npos);
+    // a caller that vouches for its devices is not asked about its pointers (so validation alone accepts this;
+    // the step is not run)
+    lbopt_step_options known;
+    lbopt_step_options_init(&known, sizeof known);
+    known.flags = LBOPT_STEP_DEVICES_KNOWN;
+    CHECK(lbopt_adamw_step_validate(&cfg, 1e-3, &s, 1, &known) == LBOPT_OK);
   }
   {
     // a state is named as the caller's struct names it: v for lbopt_adamw_slot, states[1] for lbopt_slot

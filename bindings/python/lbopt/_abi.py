@@ -65,6 +65,8 @@ FLAG_BF16_STOCHASTIC_ROUND = 0x8
 FLAG_SKIP_NONFINITE = 0x10
 FLAG_NESTEROV = 0x20
 
+STEP_DEVICES_KNOWN = 0x1  # lbopt_step_options.flags
+
 OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_LION, OPTIMIZER_ADEMAMIX = 0, 1, 2, 3
 MAX_STATES = 3
 
@@ -160,6 +162,7 @@ class StepOptions(ctypes.Structure):
         ("found_inf", ctypes.POINTER(DLTensor)),
         ("skipped", ctypes.POINTER(DLTensor)),
         ("stream", ctypes.c_void_p),
+        ("flags", ctypes.c_uint32),
     ]
 
 

@@ -17,6 +17,7 @@ tools/gen_torch_classes.py.
 import collections
 import contextlib
 import ctypes
+import itertools
 import math
 import numbers
 import operator
@@ -59,8 +60,20 @@ def _what(p, name):
     return f"param {name!r}" if name else f"a param of shape {tuple(p.shape)}"
 
 
+_PARAM_META = operator.attrgetter("dtype", "shape", "device")
+_GRAD_META = operator.attrgetter("dtype", "shape", "device", "layout")
+_DATA_PTR = torch.Tensor.data_ptr
+_STRIDE = torch.Tensor.stride
+
+
 def _param_key(p):
-    return (p.data_ptr(), p.dtype, p.shape, p.stride(), p.device)
+    """What a param's slot was built from: its data pointer, dtype, shape, device and strides."""
+    return (p.data_ptr(), _PARAM_META(p), p.stride())
+
+
+def _grad_key(g):
+    """What a grad's view was built from, beside its data pointer."""
+    return (_GRAD_META(g), g.stride())
 
 
 # ---- memory order ----------------------------------------------------------------------------------------------
@@ -128,15 +141,15 @@ class _ParamSlot:
     """The lbopt_slot of one param, with the views it points to: built once and reused while the param's data,
     dtype, shape, strides and device, the states its step uses and their tensors stay the same; the grad is set
     on every step. p is the tensor stepped: `param` itself or its local shard; `param` and `param_name` are what
-    an error names."""
+    an error names; state is the state dict the slot was last planned with."""
 
     def __init__(self, p, state, names, param, param_name):
         self.param, self.param_name = param, param_name
         self.param_key = _param_key(p)
-        self.param_stride = p.stride()
         self.names = names
         self.call_key = _CallKey(p.device, KINDS[state["state_kind"]])
-        self.state_keys = tuple(k for k, v in state.items() if torch.is_tensor(v))
+        self.state = state
+        self.state_keys = tuple(k for name, _ in names for k in (name + "_codes", name + "_scales") if k in state)
         self.state_tensors = tuple(state[k] for k in self.state_keys)
         self.views = [tensor_view(p)]
         self.slot = _abi.Slot()
@@ -146,29 +159,44 @@ class _ParamSlot:
             self.slot.states[k] = _state_of(state, name, self.views)
         self.grad = View()
         self.grad_key = None
+        self.grad_copied = False  # whether the last grad was copied into the param's layout
 
-    def fresh(self, p, state, names):
-        return (self.param_key == _param_key(p) and self.names == names
+    def fresh(self, p, state):
+        """Whether the slot still serves param p with the tensors of state."""
+        return (_param_key(p) == self.param_key
                 and all(map(operator.is_, map(state.get, self.state_keys), self.state_tensors)))
 
     def set_grad(self, g, p):
         """Point the slot at g; a grad laid out unlike its param is first copied into the param's layout (as
         torch's fused step does). Returns the tensor the slot now points to, which must live until the call."""
+        key = _grad_key(g)
+        if key == self.grad_key and not self.grad_copied:  # the common case: only the data moved
+            self.grad.dl.data = g.data_ptr()
+            return g
         if g.layout != torch.strided:
             raise TypeError(f"lbopt: {g.layout} gradients are not supported; lbopt steps dense tensors")
-        stride = g.stride()
-        if (stride != self.param_stride and g.shape == p.shape and g.device == p.device
-                and not _same_layout(stride, self.param_stride, p.shape)):
+        stride, param_stride = key[1], self.param_key[2]
+        self.grad_copied = (stride != param_stride and g.shape == p.shape and g.device == p.device
+                            and not _same_layout(stride, param_stride, p.shape))
+        if self.grad_copied:
             g = torch.empty_like(p, dtype=g.dtype).copy_(g)
-            stride = g.stride()
-        key = (g.dtype, g.shape, stride, g.device)
-        if key != self.grad_key:
-            self.grad.set(g.data_ptr(), g.shape, stride, dl_dtype(g.dtype), dl_device(g), None)
-            self.grad_key = key
-            self.slot.grad = self.grad.ptr
-        else:
-            self.grad.dl.data = g.data_ptr()
+        self.grad.set(g.data_ptr(), g.shape, g.stride(), dl_dtype(g.dtype), dl_device(g), None)
+        self.grad_key = key
+        self.slot.grad = self.grad.ptr
         return g
+
+    def adopt(self, slot, grad_dl):
+        """Use elements of a call's arrays, which hold copies of the slot and the grad's DLTensor, from now on."""
+        self.slot, self.grad.dl, self.grad.ptr = slot, grad_dl, ctypes.pointer(grad_dl)
+        slot.grad = self.grad.ptr
+
+
+def _local_grad(grad, t, p, name):
+    """The grad lbopt steps for the local shard t of a DTensor param p."""
+    g = _local(grad, p, name)
+    if g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
+        g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
+    return g
 
 
 class _Batch(NamedTuple):
@@ -176,39 +204,61 @@ class _Batch(NamedTuple):
     than the rest of planning a small tensor's step."""
     param_slots: list  # _ParamSlot
     states: list  # the state dict each step counts in
-    grads: list  # the tensor each slot's grad points to, held until the call
 
 
 class _Call:
     """One lbopt_step of a step(): the slots of one param group, device and state kind. Kept from step to step
-    while the group steps the same slots in the same order: its slot array is built once, and each param's slot
-    is then the array's element itself, so a step only writes the grad pointers and step counts into it."""
+    while the group steps the same slots in the same order: its slot and grad arrays are built once, and each
+    param's slot and grad DLTensor are then their elements, so a step only writes the grad pointers and step
+    counts, all at once through the columns of those arrays when nothing else changed (restep)."""
 
-    def __init__(self, device, batch):
-        self.device = device
-        self.signature = batch.param_slots  # compared element by element, by identity first
+    def __init__(self, key, batch):
+        self.key = key
+        self.batch = batch
         n = self.n = len(batch.param_slots)
         self.slots = (_abi.Slot * n)()
+        self.grads = (_abi.DLTensor * n)()
         for i, ps in enumerate(batch.param_slots):
-            self.slots[i] = ps.slot
-            ps.slot = self.slots[i]  # shares the array's memory
-        self.skipped = torch.zeros(n, dtype=torch.uint8, device=device)  # every entry is written by each call
+            self.slots[i], self.grads[i] = ps.slot, ps.grad.dl
+            ps.adopt(self.slots[i], self.grads[i])
+        self.steps = _column(self.slots, _abi.Slot.step)
+        self.grad_data = _column(self.grads, _abi.DLTensor.data)
+        keys = {ps.state_keys for ps in batch.param_slots}
+        self.state_keys = keys.pop() if len(keys) == 1 else None  # None: the slots' states differ in their keys
+        self.state_tensors = [t for ps in batch.param_slots for t in ps.state_tensors]
+        self.skipped = torch.zeros(n, dtype=torch.uint8, device=key.device)  # every entry is written by each call
         self.skipped_view = tensor_view(self.skipped)
 
-    def prepare(self, cfg, lr, batch, grad_scale, found_inf, read_skipped):
-        """This step's config, lr, _Batch and AMP scalars."""
-        self.cfg, self.lr, self.batch, self.read_skipped = cfg, lr, batch, read_skipped
+    def restep(self, grad_data):
+        """Point the slots at this step's grads (their data pointers; all else as last step) if the states are the
+        tensors the slots point to: False, with nothing written, where they are not."""
+        if self.state_keys is None:
+            return False
+        try:
+            if not all(map(operator.is_, _tensors_of(self.batch.states, self.state_keys), self.state_tensors)):
+                return False
+        except KeyError:
+            return False
+        self.grad_data.copy_(torch.tensor(grad_data, dtype=torch.int64))
+        self.steps.copy_(torch.tensor(list(map(_STEP, self.batch.states)), dtype=torch.int64)).add_(1)
+        return True
+
+    def prepare(self, cfg, lr, held, grad_scale, found_inf, read_skipped):
+        """This step's config, lr and AMP scalars; held: the grads the slots point to, kept until the call."""
+        self.cfg, self.lr, self.held, self.read_skipped = cfg, lr, held, read_skipped
         self.opts = _abi.StepOptions()
         self.opts.struct_size = ctypes.sizeof(self.opts)
         self.opts.skipped = self.skipped_view.ptr
+        self.opts.flags = _abi.STEP_DEVICES_KNOWN  # torch knows each tensor's device: no runtime query per pointer
         self.keep = []
+        device = self.key.device
         for field, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
             if t is not None:
-                v = tensor_view(t.to(device=self.device, dtype=torch.float32))
+                v = tensor_view(t.to(device=device, dtype=torch.float32))
                 self.keep.append(v)
                 setattr(self.opts, field, v.ptr)
-        if self.device.type == "cuda":
-            self.opts.stream = torch.cuda.current_stream(self.device).cuda_stream
+        if device.type == "cuda":
+            self.opts.stream = torch.cuda.current_stream(device).cuda_stream
         return self
 
     def _check(self, entry_point):
@@ -228,6 +278,7 @@ class _Call:
     def run(self):
         """The step (which validates the call before it writes), then the step counts of the slots stepped."""
         self._check(_abi.lib.lbopt_step)
+        self.held = None
         # Only a skip can hold a step count back; reading the flags from a GPU would synchronize.
         if not self.read_skipped:
             for state in self.batch.states:
@@ -236,6 +287,83 @@ class _Call:
         for state, skipped in zip(self.batch.states, self.skipped.tolist()):
             if not skipped:
                 state["step"] += 1
+
+
+def _column(array, field):
+    """An int64 tensor over one 8-byte field of every struct of a ctypes array: writing it writes the structs."""
+    words = torch.frombuffer(array, dtype=torch.int64)
+    return words.view(len(array), ctypes.sizeof(array._type_) // 8)[:, field.offset // 8]
+
+
+_STEP = operator.itemgetter("step")
+_GRAD = operator.attrgetter("grad")
+_NONES = itertools.repeat(None)
+
+
+def _tensors_of(states, keys):
+    """The values under keys of every state dict, in order (a KeyError where one lacks a key)."""
+    if not keys:
+        return iter(())
+    values = map(operator.itemgetter(*keys), states)
+    return itertools.chain.from_iterable(values) if len(keys) > 1 else values
+
+
+class _StateSnapshot:
+    """Which state dict an optimizer's state maps each param to, compared by identity (no hashing of tensors)."""
+
+    def __init__(self, state):
+        self.params, self.dicts = tuple(state.keys()), tuple(state.values())
+
+    def holds(self, state):
+        return (len(state) == len(self.params) and all(map(operator.is_, state.keys(), self.params))
+                and all(map(operator.is_, state.values(), self.dicts)))
+
+
+class _GroupPlan:
+    """The calls that stepped a param group last time and what they were planned from. While the group holds the
+    same params, the same of them have grads, and every param, grad (but its data) and state tensor is as it was,
+    a step reuses the calls and only writes the grad pointers and step counts (restep): the common case, checked
+    a field at a time across all params rather than a param at a time."""
+
+    def __init__(self, group, names, calls):
+        self.group = group  # held, so that id(group) names it while the plan lives
+        self.params = list(group["params"])
+        self.names = names  # the states the group's step uses
+        self.calls = calls
+        slots = [ps for call in calls for ps in call.batch.param_slots]
+        self.stepped = [ps.param for ps in slots]  # in the calls' order
+        self.stepped_names = [ps.param_name for ps in slots]
+        stepped = set(map(id, self.stepped))
+        self.idle = [p for p in self.params if id(p) not in stepped]  # params without a grad
+        self.sharded = any(type(p) not in _PLAIN for p in self.stepped)
+        self.reusable = not any(ps.grad_copied for ps in slots)
+        self.param_keys = [ps.param_key for ps in slots]
+        self.grad_keys = [ps.grad_key for ps in slots]
+
+    def restep(self, group, names, held):
+        """Reuse the plan for this step if it holds (then held gets the grads stepped); False where it does not,
+        with nothing written that planning the step afresh would not write too."""
+        params = group["params"]
+        if not (self.reusable and names == self.names and len(params) == len(self.params)
+                and all(map(operator.is_, params, self.params))):
+            return False
+        tensors, grads = self.stepped, list(map(_GRAD, self.stepped))
+        if any(map(operator.is_, grads, _NONES)) or not all(map(operator.is_, map(_GRAD, self.idle), _NONES)):
+            return False
+        if self.sharded:
+            tensors = [_local(p, p, name) for p, name in zip(self.stepped, self.stepped_names)]
+            grads = [g if t is p else _local_grad(g, t, p, name)
+                     for p, t, g, name in zip(self.stepped, tensors, grads, self.stepped_names)]
+        if (list(zip(map(_DATA_PTR, tensors), map(_PARAM_META, tensors), map(_STRIDE, tensors))) != self.param_keys
+                or list(zip(map(_GRAD_META, grads), map(_STRIDE, grads))) != self.grad_keys):
+            return False
+        data, start = list(map(_DATA_PTR, grads)), 0
+        for call in self.calls:
+            if not call.restep(data[start:start + call.n]):
+                return False
+            start += call.n
+        held.extend(grads)
+        return True
 
 
 class _LowBit(torch.optim.Optimizer):
@@ -264,7 +392,8 @@ class _LowBit(torch.optim.Optimizer):
         self._keep_ids = {id(k) for k in keep if torch.is_tensor(k)}
         self._keep_names = {k for k in keep if isinstance(k, str)}
         self._slots = {}  # id(param) -> _ParamSlot (the slot's views hold the param)
-        self._calls = {}  # (id(group), (device, kind)) -> _Call
+        self._plans = {}  # id(group) -> _GroupPlan
+        self._planned_states = None  # the _StateSnapshot the plans hold, once a step has run
         for group in self.param_groups:
             self._check_unique(group)
             self._validate_group(group)
@@ -298,7 +427,8 @@ class _LowBit(torch.optim.Optimizer):
         params = [p for p, _, _ in self._params()]
         self._keep_ids = {id(params[i]) for i in positions}
         self._slots = {}
-        self._calls = {}
+        self._plans = {}
+        self._planned_states = None
 
     # ---- configuration ---------------------------------------------------------------------------------------
 
@@ -359,7 +489,8 @@ class _LowBit(torch.optim.Optimizer):
         is validated; the old tensors are never written. t is the tensor stepped for p: p, or its local shard;
         param_name is p's name or None."""
         cached = self._slots.get(id(p))
-        if cached is not None and cached.fresh(t, state, names):
+        if cached is not None and cached.names == names and cached.fresh(t, state):
+            cached.state = state
             return cached, state
         order = _dim_order(t)
         if not _follows(t, _state_order(state, t)) and _follows(t, order):
@@ -390,6 +521,7 @@ class _LowBit(torch.optim.Optimizer):
         then run the others: a refused step writes nothing and creates no state, and no call is validated twice."""
         pending = {}  # param -> its new state dict
         calls = self._plan(pending)
+        self._planned_states = None  # until this step has run
         for call in calls[1:]:
             call.validate()
         if calls:
@@ -397,6 +529,7 @@ class _LowBit(torch.optim.Optimizer):
         self.state.update(pending)
         for call in calls[1:]:
             call.run()
+        self._planned_states = _StateSnapshot(self.state)
 
     # Under torch.compile the library call is opaque: dynamo would otherwise trace into the ctypes internals and
     # hit its recompile limit; a compiled function calling step() gets one graph break here and runs it eagerly.
@@ -408,38 +541,43 @@ class _LowBit(torch.optim.Optimizer):
         found_inf = getattr(self, "found_inf", None)
         read_skipped = self.skip_nonfinite or found_inf is not None
         calls = []
-        state_of = self.state.get
+        # Each plan holds the state dict of every param it steps: valid while self.state maps the same params to
+        # the same dicts as when the last step ran.
+        states_kept = self._planned_states is not None and self._planned_states.holds(self.state)
         for group in self.param_groups:
             lr = _lr(group)
             names = self._states(group)
-            by_call = {}  # _CallKey -> _Batch
-            for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
-                grad = p.grad
-                if grad is None:
-                    continue
-                t = _local(p, p, name)
-                g = grad if t is p else _local(grad, p, name)  # a plain param has a plain grad
-                if g is not grad and g.shape != t.shape and all(a >= b for a, b in zip(g.shape, t.shape)):
-                    g = g[tuple(slice(0, n) for n in t.shape)]  # FSDP2 pads the grad of an uneven (empty) shard
-                old = state_of(p)
-                ps, state = self._slot(p, t, old or self._init_state(p, group, name), names, name)
-                if state is not old:
-                    pending[p] = state
-                grad = ps.set_grad(g, t)
-                ps.slot.step = state["step"] + 1
-                batch = by_call.get(ps.call_key)
-                if batch is None:
-                    batch = by_call[ps.call_key] = _Batch([], [], [])
-                batch.param_slots.append(ps)
-                batch.states.append(state)
-                batch.grads.append(grad)
-            for key, batch in by_call.items():
-                call = self._calls.get((id(group), key))
-                if call is None or call.signature != batch.param_slots:
-                    call = self._calls[(id(group), key)] = _Call(key.device, batch)
-                calls.append(call.prepare(self._config(group, key.kind), lr, batch, grad_scale, found_inf,
-                                          read_skipped))
+            held = []  # the tensors the slots' grads point to
+            plan = self._plans.get(id(group)) if states_kept else None
+            if plan is None or not plan.restep(group, names, held):
+                held.clear()
+                plan = self._plans[id(group)] = self._plan_group(group, names, pending, held)
+            calls.extend(call.prepare(self._config(group, call.key.kind), lr, held, grad_scale, found_inf,
+                                      read_skipped) for call in plan.calls)
         return calls
+
+    def _plan_group(self, group, names, pending, held):
+        """The calls of a group's step, planned from scratch: each param's slot from its state (created or
+        re-laid out where needed: new state dicts go to pending), grouped by device and state kind."""
+        state_of = self.state.get
+        by_call = {}  # _CallKey -> _Batch
+        for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
+            grad = p.grad
+            if grad is None:
+                continue
+            t = _local(p, p, name)
+            old = state_of(p)
+            ps, state = self._slot(p, t, old or self._init_state(p, group, name), names, name)
+            if state is not old:
+                pending[p] = state
+            held.append(ps.set_grad(grad if t is p else _local_grad(grad, t, p, name), t))
+            ps.slot.step = state["step"] + 1
+            batch = by_call.get(ps.call_key)
+            if batch is None:
+                batch = by_call[ps.call_key] = _Batch([], [])
+            batch.param_slots.append(ps)
+            batch.states.append(state)
+        return _GroupPlan(group, names, [_Call(key, batch) for key, batch in by_call.items()])
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
 
@@ -476,7 +614,8 @@ class _LowBit(torch.optim.Optimizer):
         for p, st in loaded.items():
             self.state[p] = st
         self._slots = {}
-        self._calls = {}
+        self._plans = {}
+        self._planned_states = None
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
 

@@ -120,6 +120,7 @@ pub struct lbopt_step_options {
     pub found_inf: *const DLTensor,
     pub skipped: *const DLTensor,
     pub stream: *mut c_void,
+    pub flags: u32,
 }
 
 /// The generic step's config (since 0.3): one struct whose fields each optimizer reads or ignores.
@@ -313,9 +314,10 @@ mod layout_tests {
         assert_eq!(offset_of!(lbopt_adamw_slot, v), 40);
         assert_eq!(offset_of!(lbopt_adamw_slot, vmax), 56);
         assert_eq!(offset_of!(lbopt_adamw_slot, step), 72);
-        assert_eq!(size_of::<lbopt_step_options>(), 40);
+        assert_eq!(size_of::<lbopt_step_options>(), 48);
         assert_eq!(offset_of!(lbopt_step_options, grad_scale), 8);
         assert_eq!(offset_of!(lbopt_step_options, stream), 32);
+        assert_eq!(offset_of!(lbopt_step_options, flags), 40);
     }
 
     #[test]

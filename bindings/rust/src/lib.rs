@@ -765,6 +765,7 @@ fn run_step(config: &OptimizerConfig, lr: f64, raw: &[RawSlot], skipped: Option<
         found_inf: std::ptr::null(),
         skipped: skipped_t.as_ref().map_or(std::ptr::null(), |t| t as *const _),
         stream: std::ptr::null_mut(),
+        flags: 0,
     };
     // SAFETY: every pointer refers to a live buffer of the size its DLTensor states (the library validates the
     // sizes, dtypes and overlaps again); params, states and `skipped` are exclusively borrowed by the caller for
