@@ -1,0 +1,256 @@
+"""CPU offload: any lbopt.torch optimizer with its states (and, optionally, an fp32 master copy of 16-bit params)
+in host memory, while params and grads stay on their device.
+
+    from lbopt.offload import CPUOffload
+    from lbopt.torch import AdamW4bit
+    opt = CPUOffload(model.parameters(), AdamW4bit, lr=1e-3)     # any other argument goes to AdamW4bit
+
+Each param has a host copy (pinned where the param is on a GPU) that the wrapped optimizer steps with lbopt's CPU
+kernels. As backward produces each grad (a post-accumulate-grad hook), the grad is copied to a host buffer on a
+side stream, overlapped with the rest of backward. step() waits for those copies, copies again any grad changed
+since (gradient clipping, GradScaler.unscale_, another backward of an accumulation), steps every host param, and
+copies the params back on a side stream that the caller's stream then waits for, so the next forward reads them
+updated. See docs/offload.md.
+
+The param groups are the device params', as any torch.optim optimizer's: lr schedulers, GradScaler (which passes
+grad_scale and found_inf on to the host step), zero_grad and clip_grad_norm_ act on them as usual. state_dict()
+and load_state_dict() are the wrapped optimizer's: a checkpoint moves between an offloaded optimizer and the same
+optimizer on the device, either way.
+"""
+import torch
+
+__all__ = ["CPUOffload"]
+
+_HYPER_SKIP = ("params",)  # group entries that are not hyper-parameters
+
+
+class _HostCopies:
+    """Transfers for params already on the CPU: plain copies, finished when they return (the stand-in that lets the
+    offload path run, and be tested, without a GPU)."""
+
+    pin = False
+
+    def to_host(self, src, dst):
+        dst.copy_(src)
+
+    def wait_to_host(self, handle):
+        pass
+
+    def begin_to_device(self):
+        pass
+
+    def to_device(self, src, dst):
+        dst.copy_(src)
+
+    def end_to_device(self):
+        pass
+
+
+class _CudaCopies:
+    """Transfers between one GPU and pinned host memory on two side streams: grads go out as backward makes them,
+    params come back after the host step, and the caller's stream waits for them before its next kernel."""
+
+    pin = True
+
+    def __init__(self, device):
+        self.device = device
+        self.out = torch.cuda.Stream(device)
+        self.back = torch.cuda.Stream(device)
+
+    def to_host(self, src, dst):
+        self.out.wait_stream(torch.cuda.current_stream(self.device))  # src is made on the caller's stream
+        with torch.cuda.stream(self.out):
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(self.out)
+            done = torch.cuda.Event()
+            done.record(self.out)
+        return done
+
+    def wait_to_host(self, handle):
+        handle.synchronize()
+
+    def begin_to_device(self):
+        self.back.wait_stream(torch.cuda.current_stream(self.device))  # kernels still reading the params
+
+    def to_device(self, src, dst):
+        with torch.cuda.stream(self.back):
+            dst.copy_(src, non_blocking=True)
+
+    def end_to_device(self):
+        torch.cuda.current_stream(self.device).wait_stream(self.back)
+
+
+class _Offloaded:
+    """One device param's host side: the copy the host step updates, its grad buffer, and which grad (object and
+    version) the buffer holds."""
+
+    def __init__(self, param, fp32_master, pin):
+        self.pin = pin
+        dtype = torch.float32 if fp32_master and param.dtype in (torch.bfloat16, torch.float16) else param.dtype
+        self.host = torch.empty(param.shape, dtype=dtype, pin_memory=pin)
+        self.host.copy_(param.detach())
+        # a 16-bit param with an fp32 master goes back through a host buffer of its own dtype (rounded on the host)
+        self.staging = torch.empty(param.shape, dtype=param.dtype, pin_memory=pin) if dtype != param.dtype else None
+        self.wire = None  # the grad's host copy, in the grad's dtype
+        self.grad = None  # what the host step reads: the wire, or its float32 copy for an fp32 master
+        self.copied = None  # (grad tensor, its _version) when the wire was filled
+        self.pending = None  # the transfer's handle
+
+    def wire_for(self, g):
+        if self.wire is None or self.wire.shape != g.shape or self.wire.dtype != g.dtype:
+            self.wire = torch.empty(g.shape, dtype=g.dtype, pin_memory=self.pin)
+        return self.wire
+
+    def host_grad(self):
+        """The grad in the host copy's dtype (torch gives a tensor only a grad of its own dtype)."""
+        if self.wire.dtype == self.host.dtype:
+            return self.wire
+        if self.grad is None or self.grad.shape != self.wire.shape:
+            self.grad = torch.empty(self.wire.shape, dtype=self.host.dtype)
+        return self.grad.copy_(self.wire)
+
+    def holds(self, g):
+        return self.copied is not None and self.copied[0] is g and self.copied[1] == g._version
+
+
+class CPUOffload(torch.optim.Optimizer):
+    """An lbopt.torch optimizer class stepping host copies of the params with states in host memory.
+
+    optimizer_class: any lbopt.torch optimizer (AdamW4bit, LowBitAdamW, SGD8bit, ...); every keyword argument
+    other than fp32_master goes to it. fp32_master: keep an fp32 host copy of each bf16 or fp16 param (4 bytes of
+    host memory per param) and step it, the device param receiving its rounded value; without it a 16-bit param
+    is stepped in its own dtype (pass bf16_stochastic_round=True for bf16)."""
+
+    def __init__(self, params, optimizer_class, *, fp32_master=False, **kwargs):
+        self._fp32_master = fp32_master
+        self._copies = {}  # device -> _HostCopies or _CudaCopies
+        self._offloaded = {}  # device param -> _Offloaded
+        self._hooks = []
+        super().__init__(params, {})
+        host_groups = [{**self._hyper(g), "params": [self._offload(p).host for p in g["params"]]}
+                       for g in self.param_groups]
+        self.optimizer = optimizer_class(host_groups, **kwargs)
+        self.defaults = self.optimizer.defaults
+        self._sync_from_host()
+        self.state = self.optimizer.state
+
+    # ---- groups and params ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _hyper(group):
+        return {k: v for k, v in group.items() if k not in _HYPER_SKIP}
+
+    def _offload(self, p):
+        off = self._offloaded.get(p)
+        if off is None:
+            copies = self._copies_for(p.device)
+            off = self._offloaded[p] = _Offloaded(p, self._fp32_master, copies.pin)
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        return off
+
+    def _copies_for(self, device):
+        copies = self._copies.get(device)
+        if copies is None:
+            if device.type == "cpu":
+                copies = _HostCopies()
+            elif device.type == "cuda":
+                copies = _CudaCopies(device)
+            else:
+                raise ValueError(f"lbopt: CPUOffload serves params on the CPU or a CUDA device, not {device}")
+            self._copies[device] = copies
+        return copies
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if hasattr(self, "optimizer"):  # groups given to __init__ reach the host optimizer there
+            group = self.param_groups[-1]
+            self.optimizer.add_param_group({**self._hyper(group),
+                                            "params": [self._offload(p).host for p in group["params"]]})
+            self._sync_from_host()
+
+    def _sync_to_host(self):
+        """Hyper-parameters set on this optimizer's groups (an lr scheduler's lr) reach the host optimizer's."""
+        for group, host in zip(self.param_groups, self.optimizer.param_groups):
+            host.update(self._hyper(group))
+
+    def _sync_from_host(self):
+        for group, host in zip(self.param_groups, self.optimizer.param_groups):
+            group.update(self._hyper(host))
+
+    # ---- grads out, the host step, params back -----------------------------------------------------------------
+
+    def _grad_ready(self, p):
+        """Backward has finished p's grad (for this backward): copy it out now, overlapped with the rest."""
+        off = self._offloaded[p]
+        g = p.grad
+        off.pending = self._copies[p.device].to_host(g, off.wire_for(g))
+        off.copied = (g, g._version)
+
+    def _host_grads(self):
+        """Point each host param at its grad's host copy, made now where the device grad changed since its copy
+        or was never copied; the device params that have grads."""
+        stepped = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                off = self._offloaded[p]
+                g = p.grad
+                if g is None:
+                    off.host.grad = None
+                    continue
+                copies = self._copies[p.device]
+                if not off.holds(g):
+                    off.pending = copies.to_host(g, off.wire_for(g))
+                    off.copied = (g, g._version)
+                copies.wait_to_host(off.pending)
+                off.host.grad = off.host_grad()
+                stepped.append(p)
+        return stepped
+
+    def _params_back(self, stepped):
+        for copies in self._copies.values():
+            copies.begin_to_device()
+        for p in stepped:
+            off = self._offloaded[p]
+            src = off.host
+            if off.staging is not None:
+                off.staging.copy_(off.host)  # rounded to nearest on the host
+                src = off.staging
+            self._copies[p.device].to_device(src, p.detach())
+        for copies in self._copies.values():
+            copies.end_to_device()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_to_host()
+        stepped = self._host_grads()
+        # GradScaler sets these for an optimizer with _step_supports_amp_scaling (device scalars: the host step
+        # reads them once, a synchronization that step() makes anyway when it waits for the grads)
+        amp = {k: getattr(self, k, None) for k in ("grad_scale", "found_inf")}
+        for k, v in amp.items():
+            setattr(self.optimizer, k, v)
+        try:
+            self.optimizer.step()
+        finally:
+            for k in amp:
+                setattr(self.optimizer, k, None)
+            for p in stepped:
+                self._offloaded[p].host.grad = None
+        self._params_back(stepped)
+        return loss
+
+    _step_supports_amp_scaling = True
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------
+
+    def state_dict(self):
+        self._sync_to_host()
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+        self._sync_from_host()

@@ -1,0 +1,156 @@
+"""lbopt.offload.CPUOffload on a machine without a GPU: params on the CPU, so its transfers are plain copies, which
+still checks all of its bookkeeping. Every test steps the same model twice, once through CPUOffload and once with
+the same optimizer on the params themselves, and requires the same params bit for bit: over many steps, with
+several groups and state kinds, a changing lr, gradient accumulation, clipping, GradScaler and its skipped steps,
+and checkpoints moved either way."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import lbopt.torch as LT
+from lbopt.offload import CPUOffload
+
+
+def model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 300), nn.ReLU(), nn.Linear(300, 8)).to(dtype)
+
+
+def groups(m):
+    """Two groups: the first layer at a lower lr in 4-bit, the rest at the optimizer's lr."""
+    return [{"params": list(m[0].parameters()), "lr": 3e-3}, {"params": list(m[2].parameters())}]
+
+
+def twins(make_opt, dtype=torch.float32):
+    a, b = model(dtype=dtype), model(dtype=dtype)
+    return (a, make_opt(a, plain=True)), (b, make_opt(b, plain=False))
+
+
+def make(cls=LT.AdamW4bit, **kwargs):
+    def build(m, plain):
+        return cls(groups(m), **kwargs) if plain else CPUOffload(groups(m), cls, **kwargs)
+    return build
+
+
+def backward(m, seed, scaler=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 32, generator=g, dtype=next(m.parameters()).dtype)
+    loss = m(x).float().pow(2).mean()
+    (scaler.scale(loss) if scaler else loss).backward()
+
+
+def assert_same(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("cls", [LT.AdamW4bit, LT.AdamW8bit, LT.SGD4bit, LT.Lion4bit, LT.AdEMAMix4bit, LT.AdamW])
+def test_steps_equal_the_same_optimizer_on_the_params(cls):
+    (a, oa), (b, ob) = twins(make(cls, lr=1e-2, min_quant_size=0))
+    sched = [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=20) for o in (oa, ob)]
+    for step in range(12):
+        for (m, o), s in zip(((a, oa), (b, ob)), sched):
+            o.zero_grad()
+            backward(m, step)
+            o.step()
+            s.step()
+        assert_same(a, b)
+    assert ob.param_groups[0]["lr"] == oa.param_groups[0]["lr"] != 3e-3
+
+
+def test_every_grad_is_copied_during_backward():
+    _, (b, ob) = twins(make())
+    backward(b, 0)
+    assert all(ob._offloaded[p].holds(p.grad) for p in b.parameters())
+
+
+def test_gradient_accumulation_and_clipping():
+    """Two backward passes per step, then clip_grad_norm_ on the device grads: the grads changed after their copy
+    during backward are copied again by step()."""
+    (a, oa), (b, ob) = twins(make(lr=1e-2, min_quant_size=0))
+    for step in range(6):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad(set_to_none=step % 2 == 0)
+            backward(m, 2 * step)
+            backward(m, 2 * step + 1)
+            nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+            if o is ob:  # clipped after their copies
+                assert not any(ob._offloaded[p].holds(p.grad) for p in b.parameters())
+            o.step()
+        assert_same(a, b)
+
+
+def test_grad_scaler_and_its_skipped_steps():
+    (a, oa), (b, ob) = twins(make(lr=1e-2, min_quant_size=0))
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2)]
+    for step in range(6):
+        for (m, o), scaler in zip(((a, oa), (b, ob)), scalers):
+            o.zero_grad()
+            backward(m, step, scaler)
+            if step == 3:
+                next(m.parameters()).grad[0, 0] = float("inf")  # this step is skipped
+            if step == 4:
+                scaler.unscale_(o)  # then clip, as torch's AMP recipe does
+                nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+            scaler.step(o)
+            scaler.update()
+        assert_same(a, b)
+    assert oa.state[next(a.parameters())]["step"] == 5
+    assert scalers[0].get_scale() == scalers[1].get_scale()
+
+
+def test_bf16_params_with_an_fp32_master():
+    """A bf16 param with an fp32 master steps as an fp32 param with the bf16 grad would, and receives the master
+    rounded to bf16."""
+    ref = model()
+    oref = LT.AdamW4bit(groups(ref), lr=1e-2, min_quant_size=0)
+    b = model(dtype=torch.bfloat16)
+    for p, q in zip(ref.parameters(), b.parameters()):
+        p.data.copy_(q.float())
+    ob = CPUOffload(groups(b), LT.AdamW4bit, fp32_master=True, lr=1e-2, min_quant_size=0)
+    for step in range(5):
+        ob.zero_grad()
+        backward(b, step)
+        for p, q in zip(ref.parameters(), b.parameters()):
+            p.grad = q.grad.float()
+        oref.step()
+        ob.step()
+        for p, q in zip(ref.parameters(), b.parameters()):
+            assert torch.equal(p.bfloat16(), q)
+            assert torch.equal(ob._offloaded[q].host, p)
+
+
+@pytest.mark.parametrize("direction", ["offload to plain", "plain to offload"])
+def test_checkpoints_move_either_way(direction):
+    (a, oa), (b, ob) = twins(make(lr=1e-2, min_quant_size=0))
+    src, dst = (ob, oa) if direction == "offload to plain" else (oa, ob)
+    for step in range(3):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            backward(m, step)
+            o.step()
+    dst.load_state_dict(copy.deepcopy(src.state_dict()))
+    for step in range(3, 6):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            backward(m, step)
+            o.step()
+        assert_same(a, b)
+
+
+def test_a_group_added_later_is_offloaded():
+    (a, oa), (b, ob) = twins(make(lr=1e-2, min_quant_size=0))
+    first = torch.randn(500)
+    extra = [nn.Parameter(first.clone()) for _ in range(2)]
+    for o, p in zip((oa, ob), extra):
+        o.add_param_group({"params": [p], "lr": 5e-2})
+    for step in range(3):
+        for (m, o), p in zip(((a, oa), (b, ob)), extra):
+            o.zero_grad()
+            backward(m, step)
+            p.grad = torch.full((500,), 0.5)
+            o.step()
+        assert_same(a, b)
+        assert torch.equal(extra[0], extra[1])
