@@ -105,3 +105,35 @@ def test_cuda_grad_scaler_skips_overflow_and_steps_after():
     torch.cuda.synchronize()
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _offload_twins():
+    from lbopt.offload import CPUOffload
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64))
+    a, b = copy.deepcopy(base).cuda(), copy.deepcopy(base).cuda()
+    return (a, lt.AdamW4bit(a.parameters(), lr=1e-2, min_quant_size=0)), \
+        (b, CPUOffload(b.parameters(), lt.AdamW4bit, lr=1e-2, min_quant_size=0))
+
+
+def test_offload_steps_equal_the_gpu_step_and_copy_grads_during_backward():
+    """CPUOffload with real streams and pinned memory: the host step gives the GPU step's params bit for bit (the
+    kernels are the same math), every grad is copied out during backward, and a forward right after step() reads
+    the updated params (the caller's stream waits for their copy back)."""
+    (a, oa), (b, ob) = _offload_twins()
+    x = torch.randn(32, 64, device="cuda")
+    for step in range(5):
+        outs = []
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            m(x * (step + 1)).pow(2).mean().backward()
+            if o is ob:
+                assert all(ob._offloaded[p].holds(p.grad) for p in b.parameters())
+            o.step()
+            outs.append(m(x))  # no synchronization between the step and this forward
+        assert torch.equal(outs[0], outs[1])
+    torch.cuda.synchronize()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    assert all(ob._offloaded[p].host.is_pinned() for p in b.parameters())

@@ -4,6 +4,7 @@ AdEMAMix, stepped in place by the lbopt C library (CPU, and CUDA where it was bu
   lbopt.torch       drop-in torch.optim optimizers: AdamW4bit, AdamW8bit, AdamWFp8, AdamW (fp32 states);
                     Adam4bit, Adam8bit, AdamFp8; SGD4bit ... SGD; Lion4bit ... Lion; AdEMAMix4bit ... AdEMAMix;
                     and LowBitAdamW, LowBitSGD, LowBitLion, LowBitAdEMAMix, which take the kind as state_kind
+  lbopt.offload     CPUOffload: any lbopt.torch optimizer with its states in host memory, params on the GPU
   lbopt.functional  one fused step of any optimizer over in-place DLPack arrays (NumPy, PyTorch, ...), states
                     made, quantized and decoded; needs neither torch nor jax
   lbopt.torch_ops   every operator of the library's registry as a torch custom op (torch.ops.lbopt.*)
