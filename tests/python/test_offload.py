@@ -4,6 +4,7 @@ the same optimizer on the params themselves, and requires the same params bit fo
 several groups and state kinds, a changing lr, gradient accumulation, clipping, GradScaler and its skipped steps,
 and checkpoints moved either way."""
 import copy
+import time
 
 import pytest
 import torch
@@ -154,3 +155,38 @@ def test_a_group_added_later_is_offloaded():
             o.step()
         assert_same(a, b)
         assert torch.equal(extra[0], extra[1])
+
+
+def test_host_steps_during_backward():
+    """step_in_backward=True: each param's host step begins as soon as its grad is out, before backward returns
+    (a step of the wrapped optimizer seen from inside backward), with the results of the same optimizer."""
+    (a, oa), (b, ob) = twins(lambda m, plain: LT.AdamW4bit(groups(m), lr=1e-2, min_quant_size=0) if plain else
+                             CPUOffload(groups(m), LT.AdamW4bit, step_in_backward=True, lr=1e-2, min_quant_size=0))
+    seen = []
+    # backward through the first layer waits a little, so that the steps of the last layer's params can begin
+    b[0].register_full_backward_pre_hook(lambda module, grad_out: time.sleep(0.05))
+    host_step = ob.optimizer.step
+    ob.optimizer.step = lambda: (seen.append(time.perf_counter()), host_step())[1]
+    for step in range(4):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            backward(m, step)
+            if o is ob:
+                backward_done = time.perf_counter()
+                assert len(ob._early) == 4
+                for future in ob._early.values():
+                    future.result()
+                assert min(seen) < backward_done
+                seen.clear()
+            o.step()
+        assert_same(a, b)
+
+
+def test_a_grad_changed_after_its_host_step_raises():
+    _, (b, ob) = twins(lambda m, plain: CPUOffload(groups(m), LT.AdamW4bit, step_in_backward=True, lr=1e-2))
+    backward(b, 0)
+    nn.utils.clip_grad_norm_(b.parameters(), 1e-3)
+    with pytest.raises(RuntimeError, match="changed after their host step"):
+        ob.step()
+    for p in b.parameters():  # the params went back as the host stepped them
+        assert torch.equal(p, ob._offloaded[p].host)

@@ -17,6 +17,8 @@ grad_scale and found_inf on to the host step), zero_grad and clip_grad_norm_ act
 and load_state_dict() are the wrapped optimizer's: a checkpoint moves between an offloaded optimizer and the same
 optimizer on the device, either way.
 """
+import concurrent.futures
+
 import torch
 
 __all__ = ["CPUOffload"]
@@ -119,13 +121,19 @@ class CPUOffload(torch.optim.Optimizer):
     optimizer_class: any lbopt.torch optimizer (AdamW4bit, LowBitAdamW, SGD8bit, ...); every keyword argument
     other than fp32_master goes to it. fp32_master: keep an fp32 host copy of each bf16 or fp16 param (4 bytes of
     host memory per param) and step it, the device param receiving its rounded value; without it a 16-bit param
-    is stepped in its own dtype (pass bf16_stochastic_round=True for bf16)."""
+    is stepped in its own dtype (pass bf16_stochastic_round=True for bf16). step_in_backward: step each param on
+    the host as soon as its grad is out, on a worker thread, while backward goes on; for training that neither
+    clips nor scales (GradScaler) nor accumulates grads, which must not change after backward (step() raises if
+    one did)."""
 
-    def __init__(self, params, optimizer_class, *, fp32_master=False, **kwargs):
+    def __init__(self, params, optimizer_class, *, fp32_master=False, step_in_backward=False, **kwargs):
         self._fp32_master = fp32_master
         self._copies = {}  # device -> _HostCopies or _CudaCopies
         self._offloaded = {}  # device param -> _Offloaded
         self._hooks = []
+        # step_in_backward: one worker, so that the host steps of a backward never run two at a time
+        self._worker = concurrent.futures.ThreadPoolExecutor(1) if step_in_backward else None
+        self._early = {}  # device param -> the future of its host step, begun during this backward
         super().__init__(params, {})
         host_groups = [{**self._hyper(g), "params": [self._offload(p).host for p in g["params"]]}
                        for g in self.param_groups]
@@ -181,11 +189,27 @@ class CPUOffload(torch.optim.Optimizer):
     # ---- grads out, the host step, params back -----------------------------------------------------------------
 
     def _grad_ready(self, p):
-        """Backward has finished p's grad (for this backward): copy it out now, overlapped with the rest."""
+        """Backward has finished p's grad (for this backward): copy it out now, overlapped with the rest, and with
+        step_in_backward step it on the host as soon as it is out."""
         off = self._offloaded[p]
         g = p.grad
         off.pending = self._copies[p.device].to_host(g, off.wire_for(g))
         off.copied = (g, g._version)
+        if self._worker is not None and p not in self._early:
+            self._early[p] = self._worker.submit(self._host_step, [p])
+
+    def _host_step(self, params):
+        """The wrapped optimizer's step of these device params' host copies (their grads out or on their way),
+        every other host copy without a grad."""
+        for p in params:
+            off = self._offloaded[p]
+            self._copies[p.device].wait_to_host(off.pending)
+            off.host.grad = off.host_grad()
+        try:
+            self.optimizer.step()
+        finally:
+            for p in params:
+                self._offloaded[p].host.grad = None
 
     def _host_grads(self):
         """Point each host param at its grad's host copy, made now where the device grad changed since its copy
@@ -227,6 +251,9 @@ class CPUOffload(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_to_host()
+        if self._worker is not None:
+            self._finish_early()
+            return loss
         stepped = self._host_grads()
         # GradScaler sets these for an optimizer with _step_supports_amp_scaling (device scalars: the host step
         # reads them once, a synchronization that step() makes anyway when it waits for the grads)
@@ -242,6 +269,40 @@ class CPUOffload(torch.optim.Optimizer):
                 self._offloaded[p].host.grad = None
         self._params_back(stepped)
         return loss
+
+    def _finish_early(self):
+        """step() with step_in_backward: wait for the host steps begun during backward, step the params whose grads
+        came without a backward (set by hand), and send every stepped param back. A grad changed since its host
+        step began (clipped, unscaled, accumulated) raises, after the params went back as the host stepped them."""
+        if getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None:
+            raise RuntimeError("lbopt: CPUOffload(step_in_backward=True) steps during backward, before GradScaler "
+                               "has checked the grads; use step_in_backward=False with a GradScaler")
+        early, self._early = self._early, {}
+        for future in early.values():
+            future.result()
+        stepped, late, changed = [], [], []
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                off = self._offloaded[p]
+                if p in early:
+                    if not off.holds(g):
+                        changed.append(p)
+                else:
+                    if not off.holds(g):
+                        off.pending = self._copies[p.device].to_host(g, off.wire_for(g))
+                        off.copied = (g, g._version)
+                    late.append(p)
+                stepped.append(p)
+        if late:
+            self._host_step(late)
+        self._params_back(stepped)
+        if changed:
+            raise RuntimeError(f"lbopt: {len(changed)} grads changed after their host step began during backward "
+                               "(clipping, GradScaler.unscale_ or gradient accumulation); with "
+                               "step_in_backward=True grads must stay as backward left them")
 
     _step_supports_amp_scaling = True
 
