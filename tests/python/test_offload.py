@@ -190,3 +190,13 @@ def test_a_grad_changed_after_its_host_step_raises():
         ob.step()
     for p in b.parameters():  # the params went back as the host stepped them
         assert torch.equal(p, ob._offloaded[p].host)
+
+
+def test_an_optimizer_dropped_copies_nothing_more():
+    m = model()
+    opt = CPUOffload(m.parameters(), LT.AdamW4bit)
+    first = next(m.parameters())
+    assert len(first._post_accumulate_grad_hooks) == 1
+    del opt
+    assert not first._post_accumulate_grad_hooks
+    backward(m, 0)  # no hook of the dropped optimizer runs

@@ -18,6 +18,7 @@ and load_state_dict() are the wrapped optimizer's: a checkpoint moves between an
 optimizer on the device, either way.
 """
 import concurrent.futures
+import weakref
 
 import torch
 
@@ -115,6 +116,16 @@ class _Offloaded:
         return self.copied is not None and self.copied[0] is g and self.copied[1] == g._version
 
 
+def _hook_of(optimizer_ref):
+    """A param's hook that reaches its optimizer through a weak reference: a param does not keep an optimizer
+    alive, and the hooks of one that is gone are removed with it."""
+    def hook(p):
+        optimizer = optimizer_ref()
+        if optimizer is not None:
+            optimizer._grad_ready(p)
+    return hook
+
+
 class CPUOffload(torch.optim.Optimizer):
     """An lbopt.torch optimizer class stepping host copies of the params with states in host memory.
 
@@ -154,7 +165,7 @@ class CPUOffload(torch.optim.Optimizer):
             copies = self._copies_for(p.device)
             off = self._offloaded[p] = _Offloaded(p, self._fp32_master, copies.pin)
             if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                self._hooks.append(p.register_post_accumulate_grad_hook(_hook_of(weakref.ref(self))))
         return off
 
     def _copies_for(self, device):
@@ -305,6 +316,10 @@ class CPUOffload(torch.optim.Optimizer):
                                "step_in_backward=True grads must stay as backward left them")
 
     _step_supports_amp_scaling = True
+
+    def __del__(self):
+        for handle in getattr(self, "_hooks", ()):
+            handle.remove()
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
 
