@@ -200,3 +200,57 @@ def test_an_optimizer_dropped_copies_nothing_more():
     del opt
     assert not first._post_accumulate_grad_hooks
     backward(m, 0)  # no hook of the dropped optimizer runs
+
+
+def test_torchtitan_flattened_state_dict_through_dcp(tmp_path):
+    """get_state_dict with flatten_optimizer_state_dict=True, dcp.save, then a fresh model and CPUOffload whose own
+    flattened state dict is the template for dcp.load and set_state_dict (which read opt.state by device param):
+    the next step is the saved optimizer's."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)
+    (_, _), (b, ob) = twins(make(lr=1e-2, min_quant_size=0))
+    for step in range(2):
+        ob.zero_grad()
+        backward(b, step)
+        ob.step()
+    model_sd, optim_sd = get_state_dict(b, ob, options=flat)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp_path))
+        c = model(seed=1)
+        oc = CPUOffload(groups(c), LT.AdamW4bit, lr=1e-2, min_quant_size=0)
+        model_sd, optim_sd = get_state_dict(c, oc, options=flat)
+        sd = {"model": model_sd, "optim": optim_sd}
+        dcp.load(sd, checkpoint_id=str(tmp_path))
+    set_state_dict(c, oc, model_state_dict=sd["model"], optim_state_dict=sd["optim"], options=flat)
+    assert {oc.state[p]["step"] for p in c.parameters()} == {2}
+    for m, o in ((b, ob), (c, oc)):
+        o.zero_grad()
+        backward(m, 9)
+        o.step()
+    assert_same(b, c)
+
+
+@pytest.mark.parametrize("step_in_backward", [False, True])
+def test_params_written_on_the_device_are_stepped_from_their_new_values(step_in_backward):
+    """A model checkpoint loaded (or any write to a param) after the optimizer was made or stepped: the host copy
+    takes the param's new value before the next step."""
+    a = model()
+    oa = LT.AdamW4bit(groups(a), lr=1e-2, min_quant_size=0)
+    b = model(seed=3)
+    ob = CPUOffload(groups(b), LT.AdamW4bit, step_in_backward=step_in_backward, lr=1e-2, min_quant_size=0)
+    b.load_state_dict(a.state_dict())
+    for step in range(3):
+        if step == 2:
+            with torch.no_grad():
+                a[0].weight.mul_(0.5)
+                b[0].weight.mul_(0.5)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            backward(m, step)
+            o.step()
+        assert_same(a, b)

@@ -17,6 +17,7 @@ grad_scale and found_inf on to the host step), zero_grad and clip_grad_norm_ act
 and load_state_dict() are the wrapped optimizer's: a checkpoint moves between an offloaded optimizer and the same
 optimizer on the device, either way.
 """
+import collections.abc
 import concurrent.futures
 import weakref
 
@@ -98,6 +99,15 @@ class _Offloaded:
         self.grad = None  # what the host step reads: the wire, or its float32 copy for an fp32 master
         self.copied = None  # (grad tensor, its _version) when the wire was filled
         self.pending = None  # the transfer's handle
+        self.mark(param)
+
+    def mark(self, param):
+        """The device param now holds what the host copy holds."""
+        self.synced = (param.data_ptr(), param._version)
+
+    def current(self, param):
+        """Whether nobody wrote the device param since mark (a model checkpoint loaded, weights set by hand)."""
+        return self.synced == (param.data_ptr(), param._version)
 
     def wire_for(self, g):
         if self.wire is None or self.wire.shape != g.shape or self.wire.dtype != g.dtype:
@@ -114,6 +124,30 @@ class _Offloaded:
 
     def holds(self, g):
         return self.copied is not None and self.copied[0] is g and self.copied[1] == g._version
+
+
+class _DeviceKeyedState(collections.abc.MutableMapping):
+    """The host optimizer's state keyed by the device params, as torch.optim's is by its params (what
+    torch.distributed.checkpoint's state-dict helpers read); a param without state reads as {} (a defaultdict's).
+    It reads the host optimizer's state afresh each time: loading a state dict replaces that dict."""
+
+    def __init__(self, offloaded, host_optimizer):
+        self._offloaded, self._host = offloaded, host_optimizer
+
+    def __getitem__(self, p):
+        return self._host.state[self._offloaded[p].host]
+
+    def __setitem__(self, p, value):
+        self._host.state[self._offloaded[p].host] = value
+
+    def __delitem__(self, p):
+        del self._host.state[self._offloaded[p].host]
+
+    def __iter__(self):
+        return (p for p, off in self._offloaded.items() if off.host in self._host.state)
+
+    def __len__(self):
+        return len(self._host.state)
 
 
 def _hook_of(optimizer_ref):
@@ -151,7 +185,7 @@ class CPUOffload(torch.optim.Optimizer):
         self.optimizer = optimizer_class(host_groups, **kwargs)
         self.defaults = self.optimizer.defaults
         self._sync_from_host()
-        self.state = self.optimizer.state
+        self.state = _DeviceKeyedState(self._offloaded, self.optimizer)
 
     # ---- groups and params ---------------------------------------------------------------------------------
 
@@ -209,11 +243,20 @@ class CPUOffload(torch.optim.Optimizer):
         if self._worker is not None and p not in self._early:
             self._early[p] = self._worker.submit(self._host_step, [p])
 
+    def _refresh(self, p):
+        """A device param written since it last came back gets its host copy from it again before its step."""
+        off = self._offloaded[p]
+        if not off.current(p):
+            copies = self._copies[p.device]
+            copies.wait_to_host(copies.to_host(p.detach(), off.host))
+            off.mark(p)
+
     def _host_step(self, params):
         """The wrapped optimizer's step of these device params' host copies (their grads out or on their way),
         every other host copy without a grad."""
         for p in params:
             off = self._offloaded[p]
+            self._refresh(p)
             self._copies[p.device].wait_to_host(off.pending)
             off.host.grad = off.host_grad()
         try:
@@ -234,6 +277,7 @@ class CPUOffload(torch.optim.Optimizer):
                     off.host.grad = None
                     continue
                 copies = self._copies[p.device]
+                self._refresh(p)
                 if not off.holds(g):
                     off.pending = copies.to_host(g, off.wire_for(g))
                     off.copied = (g, g._version)
@@ -252,6 +296,7 @@ class CPUOffload(torch.optim.Optimizer):
                 off.staging.copy_(off.host)  # rounded to nearest on the host
                 src = off.staging
             self._copies[p.device].to_device(src, p.detach())
+            off.mark(p)
         for copies in self._copies.values():
             copies.end_to_device()
 
