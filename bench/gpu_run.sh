@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check, one script for a lent machine (70-90 s on one H200, plus the machine's start): the GPU suite
+# The GPU check, one script for a lent machine (70-90 s on one H200 before the offload runs were added, which may
+# take 2-3 minutes more; plus the machine's start): the GPU suite
 # (every optimizer, kind and dtype against the CPU bit for bit, CUDA graphs, AMP, conversions, 64-bit indexing),
 # part of it again under compute-sanitizer, the step-vs-copy table of every optimizer with the 4-bit and 8-bit
-# AdamW kernels' Nsight Compute counters, lbopt.torch on the GPU against the CPU (tests/python/test_cuda.py), and
-# lbopt vs torch in PyTorch on the GPU. Output goes to ${OUT:-results/gpu}/gpu_run.txt.
+# AdamW kernels' Nsight Compute counters, lbopt.torch on the GPU against the CPU (tests/python/test_cuda.py), lbopt
+# vs torch in PyTorch on the GPU, and CPU offload end to end (bench/bench_offload.py). Output goes to
+# ${OUT:-results/gpu}/gpu_run.txt.
 #
 # The device image has nvcc, torch and pytest but neither Highway nor the DLPack and doctest headers, and nothing
 # can be installed there, so the binaries are built here and carried:
@@ -61,4 +63,7 @@ counters() {
   echo "memcheck exit: $?"
   echo "## torch on cuda"
   timeout 100 "${py[@]}" bench/bench_torch.py --device cuda --params 1e9 --steps 10
+  echo "## CPU offload: GPT-2 medium end to end, then the host step's thread scaling"
+  timeout 150 "${py[@]}" bench/bench_offload.py --device cuda --steps 5
+  timeout 90 "${py[@]}" bench/bench_offload.py --host-scaling --steps 3
 } 2>&1 | tee "$out/gpu_run.txt"
