@@ -279,3 +279,25 @@ def dcp_load(rank, world, kinds, path, steps, more):
         losses, _ = train(model, opt, more, start=steps)
         out[kind] = {"losses": losses, "params": full_params(model), "steps": steps_loaded}
     return out
+
+
+def fsdp_offload(rank, world, kind, steps):
+    """FSDP2's shards stepped by CPUOffload and by the same optimizer on the shards: the same params, the same
+    state dict (DTensor states of the same placements), and a checkpoint of one that resumes in the other."""
+    from lbopt.offload import CPUOffload
+
+    models = [make_model(world), make_model(world)]
+    opts = [make_opt(models[0], kind),
+            CPUOffload(models[1].parameters(), LT.LowBitAdamW, lr=2e-3, state_kind=kind, min_quant_size=1024)]
+    for model, opt in zip(models, opts):
+        train(model, opt, steps)
+    plain, offloaded = (o.state_dict() for o in opts)
+    same_states = all(
+        type(v) is type(offloaded["state"][i][k]) and
+        (torch.equal(v.full_tensor(), offloaded["state"][i][k].full_tensor()) if hasattr(v, "full_tensor")
+         else (torch.equal(v, offloaded["state"][i][k]) if torch.is_tensor(v) else v == offloaded["state"][i][k]))
+        for i, st in plain["state"].items() for k, v in st.items())
+    opts[0].load_state_dict(offloaded)  # the offloaded optimizer's checkpoint, resumed on the shards
+    losses = [train(model, opt, 3, start=steps)[0] for model, opt in zip(models, opts)]
+    return {"params": [full_params(m) for m in models], "same_states": same_states, "losses": losses,
+            "local_types": sorted({type(o.host).__name__ for o in opts[1]._offloaded.values()})}

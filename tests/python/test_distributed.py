@@ -175,3 +175,17 @@ def test_dcp_reshards_to_another_world_size_or_a_plain_model(checkpoints, kind, 
             assert rank[kind]["losses"] != ref[kind]["losses"]
         rel = ((torch.tensor(rank[kind]["losses"]) - want).abs() / want).max().item()
         assert rel <= 0.005, f"{kind} {saved_on} -> {loaded_on} ranks: {rel:.4%}"
+
+
+@pytest.mark.parametrize("kind", ["4bit", "fp32"])
+def test_cpu_offload_of_fsdp2_shards_steps_like_the_optimizer_on_them(tmp_path, kind):
+    """lbopt.offload.CPUOffload over FSDP2's sharded params (host copies of each rank's shard, DTensors of the same
+    placements): the params and the state dict of the same optimizer on the shards, bit for bit, and its
+    checkpoint resumes there."""
+    for rank in cases.run(cases.fsdp_offload, 2, tmp_path, kind, 6):
+        plain, offloaded = rank["params"]
+        for name, p in plain.items():
+            assert torch.equal(offloaded[name], p), name
+        assert rank["same_states"]
+        assert rank["losses"][0] == rank["losses"][1]
+        assert rank["local_types"] == ["DTensor"]

@@ -23,6 +23,8 @@ import weakref
 
 import torch
 
+from ._checkpoint import is_dtensor
+
 __all__ = ["CPUOffload"]
 
 _HYPER_SKIP = ("params",)  # group entries that are not hyper-parameters
@@ -84,30 +86,53 @@ class _CudaCopies:
         torch.cuda.current_stream(self.device).wait_stream(self.back)
 
 
+def _shard(t):
+    """The tensor this process holds of t: a DTensor's local shard (FSDP2, tensor parallel), or t itself."""
+    return t._local_tensor if is_dtensor(t) else t
+
+
 class _Offloaded:
-    """One device param's host side: the copy the host step updates, its grad buffer, and which grad (object and
-    version) the buffer holds."""
+    """One device param's host side: the copy the host step updates (of the local shard, for a DTensor param,
+    whose host copy is then a DTensor of the same mesh and placements), its grad buffer, and which grad (object
+    and version) the buffer holds."""
 
     def __init__(self, param, fp32_master, pin):
-        self.pin = pin
+        self.param, self.pin = param, pin
+        shard = _shard(param)
         dtype = torch.float32 if fp32_master and param.dtype in (torch.bfloat16, torch.float16) else param.dtype
-        self.host = torch.empty(param.shape, dtype=dtype, pin_memory=pin)
-        self.host.copy_(param.detach())
+        self.local = torch.empty(shard.shape, dtype=dtype, pin_memory=pin)
+        self.local.copy_(shard.detach())
+        self.host = self.local if shard is param else self.like_param(self.local)  # what the host optimizer steps
         # a 16-bit param with an fp32 master goes back through a host buffer of its own dtype (rounded on the host)
-        self.staging = torch.empty(param.shape, dtype=param.dtype, pin_memory=pin) if dtype != param.dtype else None
+        self.staging = torch.empty(shard.shape, dtype=param.dtype, pin_memory=pin) if dtype != param.dtype else None
         self.wire = None  # the grad's host copy, in the grad's dtype
         self.grad = None  # what the host step reads: the wire, or its float32 copy for an fp32 master
-        self.copied = None  # (grad tensor, its _version) when the wire was filled
+        self.copied = None  # (grad tensor, its shard's _version) when the wire was filled
         self.pending = None  # the transfer's handle
-        self.mark(param)
+        self.mark()
 
-    def mark(self, param):
+    def like_param(self, local):
+        """local as a DTensor laid out as the param."""
+        p = self.param
+        return type(p).from_local(local, device_mesh=p.device_mesh, placements=p.placements, shape=p.shape,
+                                  stride=p.stride(), run_check=False)
+
+    def grad_shard(self, g):
+        """The part of the param's grad this process steps (FSDP2 pads the grad of an uneven shard)."""
+        local = _shard(g)
+        if local.shape != self.local.shape:
+            local = local[tuple(slice(0, n) for n in self.local.shape)]
+        return local
+
+    def mark(self):
         """The device param now holds what the host copy holds."""
-        self.synced = (param.data_ptr(), param._version)
+        shard = _shard(self.param)
+        self.synced = (shard.data_ptr(), shard._version)
 
-    def current(self, param):
+    def current(self):
         """Whether nobody wrote the device param since mark (a model checkpoint loaded, weights set by hand)."""
-        return self.synced == (param.data_ptr(), param._version)
+        shard = _shard(self.param)
+        return self.synced == (shard.data_ptr(), shard._version)
 
     def wire_for(self, g):
         if self.wire is None or self.wire.shape != g.shape or self.wire.dtype != g.dtype:
@@ -115,15 +140,20 @@ class _Offloaded:
         return self.wire
 
     def host_grad(self):
-        """The grad in the host copy's dtype (torch gives a tensor only a grad of its own dtype)."""
-        if self.wire.dtype == self.host.dtype:
-            return self.wire
-        if self.grad is None or self.grad.shape != self.wire.shape:
-            self.grad = torch.empty(self.wire.shape, dtype=self.host.dtype)
-        return self.grad.copy_(self.wire)
+        """The grad as the host copy takes it: in its dtype (torch gives a tensor only a grad of its own dtype),
+        a DTensor for a DTensor."""
+        grad = self.wire
+        if self.wire.dtype != self.local.dtype:
+            if self.grad is None or self.grad.shape != self.wire.shape:
+                self.grad = torch.empty(self.wire.shape, dtype=self.local.dtype)
+            grad = self.grad.copy_(self.wire)
+        return grad if self.host is self.local else self.like_param(grad)
+
+    def record(self, g, handle):
+        self.copied, self.pending = (g, _shard(g)._version), handle
 
     def holds(self, g):
-        return self.copied is not None and self.copied[0] is g and self.copied[1] == g._version
+        return self.copied is not None and self.copied[0] is g and self.copied[1] == _shard(g)._version
 
 
 class _DeviceKeyedState(collections.abc.MutableMapping):
@@ -237,19 +267,23 @@ class CPUOffload(torch.optim.Optimizer):
         """Backward has finished p's grad (for this backward): copy it out now, overlapped with the rest, and with
         step_in_backward step it on the host as soon as it is out."""
         off = self._offloaded[p]
-        g = p.grad
-        off.pending = self._copies[p.device].to_host(g, off.wire_for(g))
-        off.copied = (g, g._version)
+        self._grad_out(p, off)
         if self._worker is not None and p not in self._early:
             self._early[p] = self._worker.submit(self._host_step, [p])
+
+    def _grad_out(self, p, off):
+        """Start copying p's grad to its host buffer."""
+        g = p.grad
+        local = off.grad_shard(g)
+        off.record(g, self._copies[p.device].to_host(local, off.wire_for(local)))
 
     def _refresh(self, p):
         """A device param written since it last came back gets its host copy from it again before its step."""
         off = self._offloaded[p]
-        if not off.current(p):
+        if not off.current():
             copies = self._copies[p.device]
-            copies.wait_to_host(copies.to_host(p.detach(), off.host))
-            off.mark(p)
+            copies.wait_to_host(copies.to_host(_shard(p).detach(), off.local))
+            off.mark()
 
     def _host_step(self, params):
         """The wrapped optimizer's step of these device params' host copies (their grads out or on their way),
@@ -279,8 +313,7 @@ class CPUOffload(torch.optim.Optimizer):
                 copies = self._copies[p.device]
                 self._refresh(p)
                 if not off.holds(g):
-                    off.pending = copies.to_host(g, off.wire_for(g))
-                    off.copied = (g, g._version)
+                    self._grad_out(p, off)
                 copies.wait_to_host(off.pending)
                 off.host.grad = off.host_grad()
                 stepped.append(p)
@@ -291,12 +324,12 @@ class CPUOffload(torch.optim.Optimizer):
             copies.begin_to_device()
         for p in stepped:
             off = self._offloaded[p]
-            src = off.host
+            src = off.local
             if off.staging is not None:
-                off.staging.copy_(off.host)  # rounded to nearest on the host
+                off.staging.copy_(off.local)  # rounded to nearest on the host
                 src = off.staging
-            self._copies[p.device].to_device(src, p.detach())
-            off.mark(p)
+            self._copies[p.device].to_device(src, _shard(p).detach())
+            off.mark()
         for copies in self._copies.values():
             copies.end_to_device()
 
@@ -348,8 +381,7 @@ class CPUOffload(torch.optim.Optimizer):
                         changed.append(p)
                 else:
                     if not off.holds(g):
-                        off.pending = self._copies[p.device].to_host(g, off.wire_for(g))
-                        off.copied = (g, g._version)
+                        self._grad_out(p, off)
                     late.append(p)
                 stepped.append(p)
         if late:
