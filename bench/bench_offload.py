@@ -85,6 +85,20 @@ def train_step(model, opt, idx, device):
     opt.zero_grad()
 
 
+def time_steps(model, opt, idx, device, steps):
+    """The median training step (synchronized on a GPU), from a reset of the peak memory statistics."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+    def step():
+        train_step(model, opt, idx, device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return median_seconds(step, reps=steps, warm=2)
+
+
 def end_to_end(args):
     device = args.device
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}; host: {os.cpu_count()} cores, "
@@ -103,16 +117,7 @@ def end_to_end(args):
         except Exception as e:
             print(f"| {name} | not run: {type(e).__name__}: {e} | | | |")
             continue
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-
-        def step():
-            train_step(model, opt, idx, device)
-            if device == "cuda":
-                torch.cuda.synchronize()
-
-        ms = median_seconds(step, reps=args.steps, warm=2) * 1e3
+        ms = time_steps(model, opt, idx, device, args.steps) * 1e3
         first = first or ms
         peak = torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else math.nan
         print(f"| {name} | {ms:.1f} | {ms / first:.2f}x | {peak:.2f} | {state_bytes(opt) / n_params:.3f} |")

@@ -137,3 +137,35 @@ def test_offload_steps_equal_the_gpu_step_and_copy_grads_during_backward():
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.equal(p, q)
     assert all(ob._offloaded[p].host.is_pinned() for p in b.parameters())
+
+
+def test_fsdp2_cpu_offload_policy_steps_host_shards(tmp_path):
+    """FSDP2's own CPUOffloadPolicy (sharded params and grads in host memory, the forward and backward on the GPU)
+    with an lbopt.torch class, in one process (a world of 1, NCCL for CUDA tensors and gloo for host ones): the
+    optimizer steps the host shards and tracks the same model trained on the GPU without FSDP."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29541")
+        dist.init_process_group("cuda:nccl,cpu:gloo", rank=0, world_size=1)
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64))
+    plain, sharded = copy.deepcopy(base).cuda(), copy.deepcopy(base)
+    fully_shard(sharded, mesh=init_device_mesh("cuda", (1,)), offload_policy=CPUOffloadPolicy())
+    opts = [lt.AdamW4bit(plain.parameters(), lr=1e-2, min_quant_size=0),
+            lt.AdamW4bit(sharded.parameters(), lr=1e-2, min_quant_size=0)]
+    x = torch.randn(32, 64, device="cuda")
+    for step in range(5):
+        for m, o in zip((plain, sharded), opts):
+            o.zero_grad()
+            m(x * (step + 1)).pow(2).mean().backward()
+            o.step()
+    assert all(p.to_local().device.type == "cpu" for p in sharded.parameters())
+    assert all(t.device.type == "cpu" for st in opts[1].state.values() for t in st.values() if torch.is_tensor(t))
+    for p, q in zip(plain.parameters(), sharded.parameters()):
+        torch.testing.assert_close(q.full_tensor().cpu(), p.cpu(), rtol=1e-4, atol=1e-5)
