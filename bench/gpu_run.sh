@@ -14,9 +14,10 @@
 #   bash bench/gpu_run.sh --pack            # copies the library, libhwy, gpu_tests and bench_gpu to .gpu-carry
 # then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 300. For an A/B, copy
 # another build's liblbopt.so.0 to .gpu-carry/NAME/ after --pack: its step-vs-copy table and counters follow.
-# A kernel behind a build option (gpu_encode_in_x: the 4-bit encode by thresholds on x) is checked by packing
-# the build that has it on (-Dgpu_encode_in_x=true), so that the GPU suite runs against it, with the default
-# build's library in .gpu-carry/default/ for the A/B; the option becomes the default once that suite passes.
+# Kernels behind build options (gpu_encode_in_x: the 4-bit encode by thresholds on x; gpu_encode8_buckets: the
+# 8-bit encode by buckets of the float's bits) are checked by packing the build that has them on
+# (-Dgpu_encode_in_x=true -Dgpu_encode8_buckets=true), so that the GPU suite runs against them, with the default
+# build's library in .gpu-carry/default/ for the A/B; an option becomes the default once that suite passes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.gpu-carry

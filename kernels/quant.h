@@ -41,11 +41,14 @@ struct Codec {
 
   LBOPT_HD uint32_t encode(float x, BlockScale b) const {
     const float y = encode_input(x, b);
-    uint32_t code = K::encode_value(y, mids);
-    // A map whose code 0 is the value 0 would flush a tiny positive v to 0 and blow up m / sqrt(v); the smallest
-    // positive code is one code step away and keeps the update bounded.
-    if (K::zero_code && second && code == 0 && y > 0.0f) code = 1;
-    return code;
+    return guard_zero(K::encode_value(y, mids), y);
+  }
+
+  // The code of y = encode_input(...) as a map's encode gave it, kept off zero for a positive y: a map whose code
+  // 0 is the value 0 would flush a tiny positive v to 0 and blow up m / sqrt(v); the smallest positive code is
+  // one code step away and keeps the update bounded.
+  LBOPT_HD uint32_t guard_zero(uint32_t code, float y) const {
+    return K::zero_code && second && code == 0 && y > 0.0f ? 1u : code;
   }
 
   LBOPT_HD float decode(uint32_t code, float scale) const { return K::decode_value(code, values) * scale; }

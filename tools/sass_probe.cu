@@ -20,6 +20,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const CodebookTables tables = shared_codebooks<K>();
+  const Encode8Tables* buckets = shared_encode8<K>();
   Codec<K> codec[kMaxStates];
 #pragma unroll
   for (int s = 0; s < kMaxStates; ++s) codec[s] = codec_of<K>(Opt::second_moment(s), tables);
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[s] = s < kProbeStates<Opt> ? G::codes_at(args.codes[s], k.start) : nullptr;
       k.scales[s] = !K::float_codes && s < kProbeStates<Opt> ? args.scales[s] + w : nullptr;
     }
-    step_block<Opt, K, true>(k, codec, kProbeStates<Opt>, sr, seed, lane);
+    step_block<Opt, K, true>(k, codec, buckets, kProbeStates<Opt>, sr, seed, lane);
   }
 }
 

@@ -2,6 +2,7 @@
 #include <cuda/functional>
 
 #include "../dtype_convert.h"
+#include "../codebook8_arith.h"
 #include "../encode_in_x.h"
 #include "../quant.h"
 #include "codebooks_device.cuh"
@@ -22,6 +23,34 @@ constexpr int kMaxGrid = 65535;
 #define LBOPT_CUDA_ENCODE_IN_X 0
 #endif
 constexpr bool kEncodeInX = LBOPT_CUDA_ENCODE_IN_X;
+// The 8-bit encode by buckets of the float's bits (meson option gpu_encode8_buckets; kernels/codebook8_arith.h,
+// the CPU's SIMD encode): one table read and one compare per code instead of an 8-step search, the same codes for
+// every float (tests/unit/test_codebook8_arith.cpp); the search stays the default until a GPU run passes the GPU
+// suite with it.
+#ifndef LBOPT_CUDA_ENCODE8_BUCKETS
+#define LBOPT_CUDA_ENCODE8_BUCKETS 0
+#endif
+constexpr bool kEncode8Buckets = LBOPT_CUDA_ENCODE8_BUCKETS;
+template <class K>
+constexpr bool kBucketEncode = kEncode8Buckets && K::entries == 256;
+
+// The bucket tables of the signed and unsigned 8-bit maps (about 11 KiB each), in device memory and, for the
+// kernels that encode with them, copied into each CTA's shared memory (a lane reads its own bucket).
+__device__ const Encode8Tables kEncode8Device[2] = {kEncode8Signed, kEncode8Unsigned};
+
+template <class K>
+__device__ __forceinline__ const Encode8Tables* shared_encode8() {
+  if constexpr (!kBucketEncode<K>) {
+    return nullptr;
+  } else {
+    __shared__ Encode8Tables t[2];
+    const int32_t* src = reinterpret_cast<const int32_t*>(kEncode8Device);
+    int32_t* dst = reinterpret_cast<int32_t*>(t);
+    for (int i = threadIdx.x; i < int(sizeof t / sizeof(int32_t)); i += blockDim.x) dst[i] = src[i];
+    __syncthreads();
+    return t;
+  }
+}
 
 // Element i of a block that starts at base (the non-finite scan's load; the step loads a block at a time). The
 // kernels index within a block with 32-bit offsets from per-block base pointers.
@@ -119,10 +148,12 @@ __device__ __forceinline__ const float* warp_thresholds(const Codec<K>& c, float
 }
 
 // Requantize the E values this lane holds of a block of n elements (FULL: n is the block size) whose codes start
-// at codes, with the warp's absmax scale, stored to *scale_out.
+// at codes, with the warp's absmax scale, stored to *scale_out. buckets: both 8-bit maps' bucket tables
+// (shared_encode8), or NULL where the kernel searches the codebook.
 template <class K, bool FULL, int E>
-__device__ __forceinline__ void store_block(const Codec<K>& c, void* codes, float* scale_out, int n,
-                                            const int (&local)[E], const float (&x)[E], int lane) {
+__device__ __forceinline__ void store_block(const Codec<K>& c, const Encode8Tables* buckets, void* codes,
+                                            float* scale_out, int n, const int (&local)[E], const float (&x)[E],
+                                            int lane) {
   if constexpr (K::float_codes) {
 #pragma unroll
     for (int k = 0; k < E; ++k)
@@ -152,9 +183,17 @@ __device__ __forceinline__ void store_block(const Codec<K>& c, void* codes, floa
         b[local[k] >> 1] = uint8_t((hi << 4) | lo);
       }
     } else {
+      const auto code = [&](float v) {
+        if constexpr (kBucketEncode<K>) {
+          const float y = c.encode_input(v, scale);
+          return c.guard_zero(codebook8_encode_arith(buckets[c.second ? 1 : 0], y), y);
+        } else {
+          return c.encode(v, scale);
+        }
+      };
 #pragma unroll
       for (int k = 0; k < E; ++k)
-        if (FULL || local[k] < n) b[local[k]] = uint8_t(c.encode(finite_or_zero(x[k]), scale));
+        if (FULL || local[k] < n) b[local[k]] = uint8_t(code(finite_or_zero(x[k])));
     }
   }
 }
@@ -188,7 +227,8 @@ struct BlockArgs {
 // no bounds checks.
 template <class Opt, class K, bool FULL>
 __device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Codec<K> (&codec)[kMaxStates],
-                                           int n_states, bool sr, uint64_t seed, int lane) {
+                                           const Encode8Tables* buckets, int n_states, bool sr, uint64_t seed,
+                                           int lane) {
   using G = Geometry<K>;
   constexpr int E = G::kPerLane;
   float scale[kMaxStates] = {};
@@ -217,7 +257,7 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Cod
   __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
 #pragma unroll
   for (int s = 0; s < kMaxStates; ++s)
-    if (s < n_states) store_block<K, FULL>(codec[s], k.codes[s], k.scales[s], k.n, local, x[s], lane);
+    if (s < n_states) store_block<K, FULL>(codec[s], buckets, k.codes[s], k.scales[s], k.n, local, x[s], lane);
   __syncwarp();
 }
 
@@ -232,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
   const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const CodebookTables tables = shared_codebooks<K>();
+  const Encode8Tables* buckets = shared_encode8<K>();
 
   // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
   bool skip_all = a.found_inf && *a.found_inf != 0.0f;
@@ -282,8 +323,8 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[i] = i < n_states ? G::codes_at(sl.states[i].codes, k.start) : nullptr;
       k.scales[i] = !K::float_codes && i < n_states ? sl.states[i].scales + b : nullptr;
     }
-    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codec, n_states, a.stochastic_round, a.seed, lane);
-    else step_block<Opt, K, false>(k, codec, n_states, a.stochastic_round, a.seed, lane);
+    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codec, buckets, n_states, a.stochastic_round, a.seed, lane);
+    else step_block<Opt, K, false>(k, codec, buckets, n_states, a.stochastic_round, a.seed, lane);
   }
 }
 
@@ -314,6 +355,7 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
   constexpr int E = G::kPerLane;
   const int lane = threadIdx.x & 31;
   const Codec<K> c = codec_of<K>(a.second_moment, shared_codebooks<K>());
+  const Encode8Tables* buckets = shared_encode8<K>();
   for (int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < n_blocks;
        b += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t start = b * G::kBlock;
@@ -332,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
       else values[local[k]] = load_state<K>(c, codes, local[k], scale);
     }
     if (a.to_state)
-      store_block<K, false>(c, codes, K::float_codes ? nullptr : a.state.scales + b, n, local, x, lane);
+      store_block<K, false>(c, buckets, codes, K::float_codes ? nullptr : a.state.scales + b, n, local, x, lane);
   }
 }
 
