@@ -194,7 +194,7 @@ class CPUOffload(torch.optim.Optimizer):
     """An lbopt.torch optimizer class stepping host copies of the params with states in host memory.
 
     optimizer_class: any lbopt.torch optimizer (AdamW4bit, LowBitAdamW, SGD8bit, ...); every keyword argument
-    other than fp32_master goes to it. fp32_master: keep an fp32 host copy of each bf16 or fp16 param (4 bytes of
+    other than fp32_master and step_in_backward goes to it. fp32_master: keep an fp32 host copy of each bf16 or fp16 param (4 bytes of
     host memory per param) and step it, the device param receiving its rounded value; without it a 16-bit param
     is stepped in its own dtype (pass bf16_stochastic_round=True for bf16). step_in_backward: step each param on
     the host as soon as its grad is out, on a worker thread, while backward goes on; for training that neither
