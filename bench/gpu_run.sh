@@ -15,8 +15,9 @@
 # then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 300. For an A/B, copy
 # another build's liblbopt.so.0 to .gpu-carry/NAME/ after --pack: its step-vs-copy table and counters follow.
 # Kernels behind build options (gpu_encode_in_x: the 4-bit encode by thresholds on x; gpu_encode8_buckets: the
-# 8-bit encode by buckets of the float's bits) are checked by packing the build that has them on
-# (-Dgpu_encode_in_x=true -Dgpu_encode8_buckets=true), so that the GPU suite runs against them, with the default
+# 8-bit encode by buckets of the float's bits; gpu_fp8_cvt: the FP8 encode by the conversion instruction) are
+# checked by packing the build that has them on (-Dgpu_encode_in_x=true -Dgpu_encode8_buckets=true
+# -Dgpu_fp8_cvt=true), so that the GPU suite runs against them, with the default
 # build's library in .gpu-carry/default/ for the A/B; an option becomes the default once that suite passes.
 set -uo pipefail
 cd "$(dirname "$0")/.."

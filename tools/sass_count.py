@@ -7,7 +7,7 @@ tools/sass_probe.cu instantiates step_block<..., FULL = true> in one grid-stride
 compile time; this script compiles it for one architecture, finds each probe's loop (the widest backward branch)
 and counts its instructions without NOPs. Per element: the loop's count x 32 lanes / the block's elements.
 
-    python3 tools/sass_count.py [--arch 90] [--encode-in-x] [--encode8-buckets] [--cuobjdump PATH]
+    python3 tools/sass_count.py [--arch 90] [--encode-in-x] [--encode8-buckets] [--fp8-cvt] [--cuobjdump PATH]
 """
 import argparse
 import pathlib
@@ -43,10 +43,12 @@ def find_cuobjdump(given):
     sys.exit("sass_count: no cuobjdump (pip install nvidia-cuda-cuobjdump, or pass --cuobjdump)")
 
 
-def compile_probes(arch, encode_in_x, encode8_buckets, out):
+def compile_probes(arch, options, out):
     cmd = ["nvcc", "-std=c++17", "-cubin", f"-arch=sm_{arch}", "--fmad=false", "-O3", "-I", str(ROOT / "abi"),
            "-I", str(ROOT), "-DLBOPT_BUILDING", "-DLBOPT_WITH_CUDA=1",
-           f"-DLBOPT_CUDA_ENCODE_IN_X={int(encode_in_x)}", f"-DLBOPT_CUDA_ENCODE8_BUCKETS={int(encode8_buckets)}", "-o", str(out), str(ROOT / "tools" / "sass_probe.cu")]
+           f"-DLBOPT_CUDA_ENCODE_IN_X={int(options.encode_in_x)}",
+           f"-DLBOPT_CUDA_ENCODE8_BUCKETS={int(options.encode8_buckets)}", f"-DLBOPT_CUDA_FP8_CVT={int(options.fp8_cvt)}",
+           "-o", str(out), str(ROOT / "tools" / "sass_probe.cu")]
     subprocess.run(cmd, check=True)
 
 
@@ -109,12 +111,13 @@ def main():
     ap.add_argument("--encode-in-x", action="store_true", help="the 4-bit encode by thresholds (gpu_encode_in_x)")
     ap.add_argument("--encode8-buckets", action="store_true",
                     help="the 8-bit encode by buckets of the float's bits (gpu_encode8_buckets)")
+    ap.add_argument("--fp8-cvt", action="store_true", help="the FP8 encode by the conversion instruction (gpu_fp8_cvt)")
     ap.add_argument("--cuobjdump")
     args = ap.parse_args()
     cuobjdump = find_cuobjdump(args.cuobjdump)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = pathlib.Path(tmp) / "probes.cubin"
-        compile_probes(args.arch, args.encode_in_x, args.encode8_buckets, cubin)
+        compile_probes(args.arch, args, cubin)
         sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
         usage = subprocess.run([cuobjdump, "-res-usage", str(cubin)], capture_output=True, text=True,
                                check=True).stdout
@@ -126,7 +129,8 @@ def main():
         if m:
             kernels[m.groups()] = res.get(mangled)
     print(f"sm_{args.arch}, 4-bit encode {'by thresholds on x' if args.encode_in_x else 'by division'}, 8-bit "
-          f"encode {'by buckets' if args.encode8_buckets else 'by search'}")
+          f"encode {'by buckets' if args.encode8_buckets else 'by search'}, FP8 encode "
+          f"{'by the conversion instruction' if args.fp8_cvt else 'in software'}")
     print("| optimizer | kind | params | loop SASS | per element | MUFU.RCP | CALL | step_kernel registers | "
           "spilled (stack, local bytes) | occupancy |")
     print("|---|---|---|---|---|---|---|---|---|---|")

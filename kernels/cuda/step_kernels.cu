@@ -6,6 +6,7 @@
 #include "../encode_in_x.h"
 #include "../quant.h"
 #include "codebooks_device.cuh"
+#include "fp8_cvt.cuh"
 #include "step_kernels.cuh"
 
 namespace lbopt::cuda {
@@ -33,6 +34,13 @@ constexpr bool kEncodeInX = LBOPT_CUDA_ENCODE_IN_X;
 constexpr bool kEncode8Buckets = LBOPT_CUDA_ENCODE8_BUCKETS;
 template <class K>
 constexpr bool kBucketEncode = kEncode8Buckets && K::entries == 256;
+// The FP8 encode by the conversion instruction of sm_89+ (meson option gpu_fp8_cvt; fp8_cvt.cuh): off until a GPU
+// run has compared it with the software encode on every float (the GPU suite does) and passed the suite with it.
+#ifndef LBOPT_CUDA_FP8_CVT
+#define LBOPT_CUDA_FP8_CVT 0
+#endif
+template <class K>
+constexpr bool kCvtEncode = LBOPT_CUDA_FP8_CVT && K::id == kStateFp8;
 
 // The bucket tables of the signed and unsigned 8-bit maps (about 11 KiB each), in device memory and, for the
 // kernels that encode with them, copied into each CTA's shared memory (a lane reads its own bucket).
@@ -183,13 +191,13 @@ __device__ __forceinline__ void store_block(const Codec<K>& c, const Encode8Tabl
         b[local[k] >> 1] = uint8_t((hi << 4) | lo);
       }
     } else {
-      const auto code = [&](float v) {
-        if constexpr (kBucketEncode<K>) {
-          const float y = c.encode_input(v, scale);
-          return c.guard_zero(codebook8_encode_arith(buckets[c.second ? 1 : 0], y), y);
-        } else {
-          return c.encode(v, scale);
-        }
+      const auto code = [&](float v) {  // Codec::encode, with the encode of y chosen by the build options
+        const float y = c.encode_input(v, scale);
+        uint32_t q;
+        if constexpr (kBucketEncode<K>) q = codebook8_encode_arith(buckets[c.second ? 1 : 0], y);
+        else if constexpr (kCvtEncode<K>) q = fp8_e4m3_encode_cvt(y);
+        else q = K::encode_value(y, c.mids);
+        return c.guard_zero(q, y);
       };
 #pragma unroll
       for (int k = 0; k < E; ++k)

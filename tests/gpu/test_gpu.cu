@@ -17,8 +17,22 @@
 #include <vector>
 
 #include "lbopt.h"
+#include "../../kernels/cuda/fp8_cvt.cuh"
 
 namespace {
+
+// Counts the finite floats whose e4m3 code by the conversion instruction differs from the software encode's, and
+// keeps the least such bit pattern.
+__global__ void fp8_cvt_mismatches(unsigned long long* count, unsigned int* first) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t(1) << 32); i += stride) {
+    const float x = __uint_as_float(uint32_t(i));
+    if (isfinite(x) && lbopt::cuda::fp8_e4m3_encode_cvt(x) != lbopt::fp8_e4m3_encode(x)) {
+      atomicAdd(count, 1ull);
+      atomicMin(first, uint32_t(i));
+    }
+  }
+}
 
 DLDataType dt(int code, int bits) { return DLDataType{uint8_t(code), uint8_t(bits), 1}; }
 
@@ -257,6 +271,23 @@ TEST_CASE("lbopt_adamw_step_capturable in a CUDA graph (float64 lr, int64 step) 
   CHECK(eager.p.download() == graphed.p.download());
   CHECK(eager.states[0]->codes.download() == graphed.states[0]->codes.download());
   CHECK(eager.states[1]->scales.download() == graphed.states[1]->scales.download());
+}
+
+TEST_CASE("the FP8 encode by the conversion instruction (gpu_fp8_cvt) equals the software encode on every float") {
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, device);
+  if (prop.major * 10 + prop.minor < 89) {
+    MESSAGE("skipped: the instruction needs sm_89 or later");
+    return;
+  }
+  thrust::device_vector<unsigned long long> count(1, 0);
+  thrust::device_vector<unsigned int> first(1, 0xffffffffu);
+  fp8_cvt_mismatches<<<4096, 256>>>(thrust::raw_pointer_cast(count.data()), thrust::raw_pointer_cast(first.data()));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CAPTURE(first[0]);
+  CHECK(count[0] == 0);
 }
 
 TEST_CASE("invalid device inputs return errors and write nothing") {
