@@ -24,6 +24,7 @@ import weakref
 import torch
 
 from ._checkpoint import is_dtensor
+from .torch import _run_closure
 
 __all__ = ["CPUOffload"]
 
@@ -335,10 +336,7 @@ class CPUOffload(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         self._sync_to_host()
         if self._worker is not None:
             self._finish_early()

@@ -56,6 +56,14 @@ def _local(t, p, name):
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
 
 
+def _run_closure(closure):
+    """A step's closure run with grad enabled, as torch.optim runs it: its loss, or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _what(p, name):
     return f"param {name!r}" if name else f"a param of shape {tuple(p.shape)}"
 
@@ -505,10 +513,7 @@ class _LowBit(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         if torch.compiler.is_compiling():
             self._apply_opaque()
         else:
