@@ -17,15 +17,10 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
     sass_probe(const __grid_constant__ BlockArgs<Opt, K> args, int64_t n_blocks, bool sr, uint64_t seed) {
   using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
-  const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  const CodebookTables tables = shared_codebooks<K>();
-  const Encode8Tables* buckets = shared_encode8<K>();
-  Codec<K> codec[kMaxStates];
-#pragma unroll
-  for (int s = 0; s < kMaxStates; ++s) codec[s] = codec_of<K>(Opt::second_moment(s), tables);
+  const WarpStride warps = warp_stride();
+  const StepCodecs<Opt, K> codecs = step_codecs<Opt, K>();
   constexpr int kBytes = kParam == kFloat32 ? 4 : 2;
-  for (int64_t w = warp0; w < n_blocks; w += n_warps) {
+  for (int64_t w = warps.first; w < n_blocks; w += warps.count) {
     BlockArgs<Opt, K> k = args;
     k.start = w * G::kBlock;
     k.n = G::kBlock;
@@ -37,7 +32,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[s] = s < kProbeStates<Opt> ? G::codes_at(args.codes[s], k.start) : nullptr;
       k.scales[s] = !K::float_codes && s < kProbeStates<Opt> ? args.scales[s] + w : nullptr;
     }
-    step_block<Opt, K, true>(k, codec, buckets, kProbeStates<Opt>, sr, seed, lane);
+    step_block<Opt, K, true>(k, codecs, kProbeStates<Opt>, sr, seed, lane);
   }
 }
 

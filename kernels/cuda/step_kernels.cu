@@ -60,6 +60,14 @@ __device__ __forceinline__ const Encode8Tables* shared_encode8() {
   }
 }
 
+// A warp's grid-stride loop over blocks: its first block and the stride, the grid's warp count.
+struct WarpStride {
+  int64_t first, count;
+};
+__device__ __forceinline__ WarpStride warp_stride() {
+  return {(int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5, (int64_t(gridDim.x) * blockDim.x) >> 5};
+}
+
 // Element i of a block that starts at base (the non-finite scan's load; the step loads a block at a time). The
 // kernels index within a block with 32-bit offsets from per-block base pointers.
 __device__ __forceinline__ float load_elem(Dtype dt, const void* base, int i) {
@@ -230,13 +238,30 @@ struct BlockArgs {
   float* scales[kMaxStates];
 };
 
+// The codecs of an optimizer's states and the 8-bit bucket tables, over this CTA's shared copies: every thread of
+// the CTA makes them before any returns (the copies synchronize the CTA). Loops over states run to kMaxStates,
+// guarded, so that they unroll and the per-state arrays stay in registers.
+template <class Opt, class K>
+struct StepCodecs {
+  Codec<K> codec[kMaxStates];
+  const Encode8Tables* buckets;
+};
+template <class Opt, class K>
+__device__ __forceinline__ StepCodecs<Opt, K> step_codecs() {
+  StepCodecs<Opt, K> c;
+  const CodebookTables tables = shared_codebooks<K>();
+#pragma unroll
+  for (int s = 0; s < kMaxStates; ++s) c.codec[s] = codec_of<K>(Opt::second_moment(s), tables);
+  c.buckets = shared_encode8<K>();
+  return c;
+}
+
 // One block of a slot: every load is issued before the first store (the compiler cannot tell that a param store
 // aliases none of the later loads, so loads left after it would each wait for it). FULL: all kBlock elements,
 // no bounds checks.
 template <class Opt, class K, bool FULL>
-__device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Codec<K> (&codec)[kMaxStates],
-                                           const Encode8Tables* buckets, int n_states, bool sr, uint64_t seed,
-                                           int lane) {
+__device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const StepCodecs<Opt, K>& c, int n_states,
+                                           bool sr, uint64_t seed, int lane) {
   using G = Geometry<K>;
   constexpr int E = G::kPerLane;
   float scale[kMaxStates] = {};
@@ -253,7 +278,7 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Cod
   for (int j = 0; j < E; ++j)
 #pragma unroll
     for (int s = 0; s < kMaxStates; ++s)
-      x[s][j] = (FULL || local[j] < k.n) && s < n_states ? load_state<K>(codec[s], k.codes[s], local[j], scale[s])
+      x[s][j] = (FULL || local[j] < k.n) && s < n_states ? load_state<K>(c.codec[s], k.codes[s], local[j], scale[s])
                                                         : 0.0f;
 #pragma unroll
   for (int j = 0; j < E; ++j)
@@ -265,7 +290,7 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Cod
   __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
 #pragma unroll
   for (int s = 0; s < kMaxStates; ++s)
-    if (s < n_states) store_block<K, FULL>(codec[s], buckets, k.codes[s], k.scales[s], k.n, local, x[s], lane);
+    if (s < n_states) store_block<K, FULL>(c.codec[s], c.buckets, k.codes[s], k.scales[s], k.n, local, x[s], lane);
   __syncwarp();
 }
 
@@ -277,10 +302,8 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
     step_kernel(const __grid_constant__ StepLaunch a) {
   using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
-  const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  const CodebookTables tables = shared_codebooks<K>();
-  const Encode8Tables* buckets = shared_encode8<K>();
+  const WarpStride warps = warp_stride();
+  const StepCodecs<Opt, K> codecs = step_codecs<Opt, K>();
 
   // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
   bool skip_all = a.found_inf && *a.found_inf != 0.0f;
@@ -297,21 +320,17 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
     skip_all |= !(lr >= 0.0 && isfinite(lr) && step >= 1.0 && step < 9.2e18 && step == floor(step));
   }
   if (skip_all) {
-    for (int64_t i = warp0 * 32 + lane; i < a.n_slots; i += n_warps * 32) a.skip[i] = 1;
+    for (int64_t i = warps.first * 32 + lane; i < a.n_slots; i += warps.count * 32) a.skip[i] = 1;
     return;
   }
-  // Loops over states run to kMaxStates, guarded, so that they unroll and the per-state arrays stay in registers
   const int n_states = Opt::states(a.hyper);
-  Codec<K> codec[kMaxStates];
-#pragma unroll
-  for (int k = 0; k < kMaxStates; ++k) codec[k] = codec_of<K>(Opt::second_moment(k), tables);
   const float device_factor = a.grad_scale ? grad_factor(grad_scale, false) : 1.0f;
   // The capturable step's scalars are the same for every slot: derived once per CTA, kept out of registers
   __shared__ OptScalars device_scalars;
   if (a.lr_scalar && threadIdx.x == 0) device_scalars = make_scalars(a.hyper, lr, int64_t(step));
   __syncthreads();
   const float device_grad_factor = grad_factor(1.0, a.hyper.maximize);
-  for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
+  for (int64_t w = warps.first; w < a.total_blocks; w += warps.count) {
     const int s = slot_of(a, w);
     if (a.skip[s]) continue;  // a non-finite gradient somewhere in this tensor
     const StepSlot& sl = a.slots[s];
@@ -331,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[i] = i < n_states ? G::codes_at(sl.states[i].codes, k.start) : nullptr;
       k.scales[i] = !K::float_codes && i < n_states ? sl.states[i].scales + b : nullptr;
     }
-    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codec, buckets, n_states, a.stochastic_round, a.seed, lane);
-    else step_block<Opt, K, false>(k, codec, buckets, n_states, a.stochastic_round, a.seed, lane);
+    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codecs, n_states, a.stochastic_round, a.seed, lane);
+    else step_block<Opt, K, false>(k, codecs, n_states, a.stochastic_round, a.seed, lane);
   }
 }
 
@@ -340,9 +359,8 @@ template <class K>
 __global__ void __launch_bounds__(kThreads) nonfinite_kernel(const __grid_constant__ StepLaunch a) {
   using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
-  const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t w = warp0; w < a.total_blocks; w += n_warps) {
+  const WarpStride warps = warp_stride();
+  for (int64_t w = warps.first; w < a.total_blocks; w += warps.count) {
     const int s = slot_of(a, w);
     const StepSlot& sl = a.slots[s];
     const int64_t start = (w - a.first_block[s]) * G::kBlock;
@@ -364,8 +382,8 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
   const int lane = threadIdx.x & 31;
   const Codec<K> c = codec_of<K>(a.second_moment, shared_codebooks<K>());
   const Encode8Tables* buckets = shared_encode8<K>();
-  for (int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < n_blocks;
-       b += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+  const WarpStride warps = warp_stride();
+  for (int64_t b = warps.first; b < n_blocks; b += warps.count) {
     const int64_t start = b * G::kBlock;
     const int n = int(min(int64_t(G::kBlock), a.numel - start));
     void* codes = G::codes_at(a.state.codes, start);

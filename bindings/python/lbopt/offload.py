@@ -37,7 +37,7 @@ class _HostCopies:
 
     pin = False
 
-    def to_host(self, src, dst):
+    def to_host(self, src, dst, reuse=None):
         dst.copy_(src)
 
     def wait_to_host(self, handle):
@@ -64,12 +64,13 @@ class _CudaCopies:
         self.out = torch.cuda.Stream(device)
         self.back = torch.cuda.Stream(device)
 
-    def to_host(self, src, dst):
+    def to_host(self, src, dst, reuse=None):
+        """Start the copy; its handle, an event (reuse: the param's event of an earlier copy, recorded again)."""
         self.out.wait_stream(torch.cuda.current_stream(self.device))  # src is made on the caller's stream
         with torch.cuda.stream(self.out):
             dst.copy_(src, non_blocking=True)
             src.record_stream(self.out)
-            done = torch.cuda.Event()
+            done = reuse or torch.cuda.Event()
             done.record(self.out)
         return done
 
@@ -276,7 +277,7 @@ class CPUOffload(torch.optim.Optimizer):
         """Start copying p's grad to its host buffer."""
         g = p.grad
         local = off.grad_shard(g)
-        off.record(g, self._copies[p.device].to_host(local, off.wire_for(local)))
+        off.record(g, self._copies[p.device].to_host(local, off.wire_for(local), off.pending))
 
     def _refresh(self, p):
         """A device param written since it last came back gets its host copy from it again before its step."""
@@ -286,39 +287,27 @@ class CPUOffload(torch.optim.Optimizer):
             copies.wait_to_host(copies.to_host(_shard(p).detach(), off.local))
             off.mark()
 
-    def _host_step(self, params):
-        """The wrapped optimizer's step of these device params' host copies (their grads out or on their way),
-        every other host copy without a grad."""
+    def _host_step(self, params, grad_scale=None, found_inf=None):
+        """The wrapped optimizer's step of these device params' host copies, every other host copy without a grad:
+        each param's host copy taken again if the device param was written since, its grad copied again if it
+        changed since its copy, then waited for. grad_scale, found_inf: GradScaler's, for the host step."""
         for p in params:
             off = self._offloaded[p]
             self._refresh(p)
+            if not off.holds(p.grad):
+                self._grad_out(p, off)
             self._copies[p.device].wait_to_host(off.pending)
             off.host.grad = off.host_grad()
+        self.optimizer.grad_scale, self.optimizer.found_inf = grad_scale, found_inf
         try:
             self.optimizer.step()
         finally:
+            self.optimizer.grad_scale = self.optimizer.found_inf = None
             for p in params:
                 self._offloaded[p].host.grad = None
 
-    def _host_grads(self):
-        """Point each host param at its grad's host copy, made now where the device grad changed since its copy
-        or was never copied; the device params that have grads."""
-        stepped = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                off = self._offloaded[p]
-                g = p.grad
-                if g is None:
-                    off.host.grad = None
-                    continue
-                copies = self._copies[p.device]
-                self._refresh(p)
-                if not off.holds(g):
-                    self._grad_out(p, off)
-                copies.wait_to_host(off.pending)
-                off.host.grad = off.host_grad()
-                stepped.append(p)
-        return stepped
+    def _with_grads(self):
+        return [p for group in self.param_groups for p in group["params"] if p.grad is not None]
 
     def _params_back(self, stepped):
         for copies in self._copies.values():
@@ -341,19 +330,10 @@ class CPUOffload(torch.optim.Optimizer):
         if self._worker is not None:
             self._finish_early()
             return loss
-        stepped = self._host_grads()
+        stepped = self._with_grads()
         # GradScaler sets these for an optimizer with _step_supports_amp_scaling (device scalars: the host step
         # reads them once, a synchronization that step() makes anyway when it waits for the grads)
-        amp = {k: getattr(self, k, None) for k in ("grad_scale", "found_inf")}
-        for k, v in amp.items():
-            setattr(self.optimizer, k, v)
-        try:
-            self.optimizer.step()
-        finally:
-            for k in amp:
-                setattr(self.optimizer, k, None)
-            for p in stepped:
-                self._offloaded[p].host.grad = None
+        self._host_step(stepped, getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
         self._params_back(stepped)
         return loss
 
@@ -367,21 +347,9 @@ class CPUOffload(torch.optim.Optimizer):
         early, self._early = self._early, {}
         for future in early.values():
             future.result()
-        stepped, late, changed = [], [], []
-        for group in self.param_groups:
-            for p in group["params"]:
-                g = p.grad
-                if g is None:
-                    continue
-                off = self._offloaded[p]
-                if p in early:
-                    if not off.holds(g):
-                        changed.append(p)
-                else:
-                    if not off.holds(g):
-                        self._grad_out(p, off)
-                    late.append(p)
-                stepped.append(p)
+        stepped = self._with_grads()
+        late = [p for p in stepped if p not in early]  # grads set without a backward
+        changed = [p for p in early if p.grad is not None and not self._offloaded[p].holds(p.grad)]
         if late:
             self._host_step(late)
         self._params_back(stepped)
