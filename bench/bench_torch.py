@@ -5,16 +5,18 @@ optimizer state bytes per parameter; and the per-step Python overhead on a model
 usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \
        python3 bench/bench_torch.py [--params 100e6] [--steps 10] [--small 300]
        [--device cpu|cuda] [--threads N] [--json PATH]
-       python3 bench/bench_torch.py --model gpt2-small [--steps 10] [--peer-steps 3] [--warmup 2]
-       [--threads N] [--json PATH]
+       python3 bench/bench_torch.py --model gpt2-small|llama-1b|flat-1e9 [--device cpu|cuda] [--steps 10]
+       [--peer-steps 3] [--warmup 2] [--threads N] [--json PATH]
 Peers: torch.optim.AdamW(fused=True), torchao AdamW4bit, and on CPU DeepSpeed's DeepSpeedCPUAdam where
 `import deepspeed` works (it JIT-builds its C++ op on first use). Prints markdown tables (for docs/benchmarks.md).
 
---model gpt2-small: the 148 parameter tensors of GPT-2 small (124,439,808 fp32 params; built here with GPT-2's
-shapes, random values and random grads, no download), one round-robin run of torch AdamW(fused=True), lbopt AdamW
-(fp32 states), AdamW4bit, AdamWFp8, AdamW8bit, bitsandbytes AdamW8bit and torchao AdamW4bit: each round steps every
-optimizer once, in turn; warm-up rounds are not timed; a missing or failing peer is a row saying why. The two slow
-peers (bitsandbytes' and torchao's CPU steps take seconds) are timed for only --peer-steps steps.
+--model: a model's parameter tensors (built here with its shapes, random values and random grads, no download):
+GPT-2 small (148 tensors, 124,439,808 fp32 params), Llama 3.2 1B (146 tensors, 1,235,814,400) or four 250M
+matrices (flat-1e9). Rows: torch AdamW(fused=True), lbopt AdamW (fp32 states), AdamW4bit, AdamWFp8, AdamW8bit, and
+the peers: on the CPU bitsandbytes AdamW8bit and torchao AdamW4bit (slow: timed for only --peer-steps steps), on a
+GPU torchao AdamW4bit, AdamW8bit and AdamWFp8 and bitsandbytes AdamW8bit and PagedAdamW8bit. On the CPU the rows
+step in turn, round-robin; on a GPU one row at a time. Warm-up steps are not timed; a missing or failing peer is a
+row saying why.
 --threads N: torch.set_num_threads(N), lbopt.set_num_threads(N) (the C ABI's lbopt_set_num_threads), and
 OMP_NUM_THREADS / LBOPT_NUM_THREADS set before torch and lbopt load.
 """
@@ -168,10 +170,7 @@ def round_robin(makers, args):
     return rows
 
 
-# ---- --model gpt2-small ------------------------------------------------------------------------------------------
-
-GPT2_SMALL_PARAMS = 124_439_808
-GPT2_SMALL_TENSORS = 148
+# ---- --model: a model's parameter set -------------------------------------------------------------------------
 
 
 def gpt2_small_shapes(n_layer=12, d=768, vocab=50257, n_ctx=1024):
@@ -190,50 +189,83 @@ def gpt2_small_shapes(n_layer=12, d=768, vocab=50257, n_ctx=1024):
     return shapes
 
 
-def gpt2_small_tensors():
-    """GPT-2 small's params (fp32, N(0, 0.02); LayerNorm weights 1, biases 0) and random grads (N(0, 1e-3)),
-    checked against the model's published size."""
-    shapes = gpt2_small_shapes()
+def llama_1b_shapes(n_layer=16, d=2048, ffn=8192, kv=512, vocab=128256):
+    """(name, shape) of Llama 3.2 1B's parameters, as Hugging Face's LlamaModel names them (Linear weights are
+    out x in; 8 key-value heads of 64); lm_head is tied to embed_tokens."""
+    shapes = [("embed_tokens.weight", (vocab, d))]
+    for i in range(n_layer):
+        h = f"layers.{i}."
+        shapes += [(h + "self_attn.q_proj.weight", (d, d)), (h + "self_attn.k_proj.weight", (kv, d)),
+                   (h + "self_attn.v_proj.weight", (kv, d)), (h + "self_attn.o_proj.weight", (d, d)),
+                   (h + "mlp.gate_proj.weight", (ffn, d)), (h + "mlp.up_proj.weight", (ffn, d)),
+                   (h + "mlp.down_proj.weight", (d, ffn)),
+                   (h + "input_layernorm.weight", (d,)), (h + "post_attention_layernorm.weight", (d,))]
+    return shapes + [("norm.weight", (d,))]
+
+
+def flat_1e9_shapes():
+    """Four 250M-element matrices: 1e9 params in tensors large enough that per-tensor costs vanish."""
+    return [(f"w{i}.weight", (62_500, 4_000)) for i in range(4)]
+
+
+# name -> (shapes, params, tensors): the counts check the shapes against the models' published sizes
+MODELS = {"gpt2-small": (gpt2_small_shapes, 124_439_808, 148),
+          "llama-1b": (llama_1b_shapes, 1_235_814_400, 146),
+          "flat-1e9": (flat_1e9_shapes, 1_000_000_000, 4)}
+
+
+def model_tensors(model):
+    """A model's params (fp32, N(0, 0.02); norm weights 1, biases 0) and random grads (N(0, 1e-3)), made on
+    DEVICE, checked against the model's published size."""
+    make_shapes, n_expected, t_expected = MODELS[model]
+    shapes = make_shapes()
     n = sum(math.prod(shape) for _, shape in shapes)
-    if len(shapes) != GPT2_SMALL_TENSORS or n != GPT2_SMALL_PARAMS:
-        raise AssertionError(f"gpt2-small: {len(shapes)} tensors, {n} params; expected {GPT2_SMALL_TENSORS}, "
-                             f"{GPT2_SMALL_PARAMS}")
-    gen = torch.Generator().manual_seed(0)
+    if len(shapes) != t_expected or n != n_expected:
+        raise AssertionError(f"{model}: {len(shapes)} tensors, {n} params; expected {t_expected}, {n_expected}")
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     values, grads = [], []
     for name, shape in shapes:
-        if ".ln_" in name or name.startswith("ln_f"):
-            v = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+        if "norm" in name or ".ln_" in name or name.startswith("ln_f"):
+            v = torch.ones(shape, device=DEVICE) if name.endswith("weight") else torch.zeros(shape, device=DEVICE)
         elif name.endswith("bias"):
-            v = torch.zeros(shape)
+            v = torch.zeros(shape, device=DEVICE)
         else:
-            v = torch.randn(shape, generator=gen) * 0.02
+            v = torch.randn(shape, generator=gen, device=DEVICE) * 0.02
         values.append(v)
-        grads.append(torch.randn(shape, generator=gen) * 1e-3)
+        grads.append(torch.randn(shape, generator=gen, device=DEVICE) * 1e-3)
     return values, grads
 
 
 def model_rows():
     """(name, maker, slow) per row; a maker raises ImportError where its package is missing. slow: timed for
-    --peer-steps steps only."""
+    --peer-steps steps only (the peers' CPU steps take seconds; on a GPU none is slow)."""
     kw = dict(lr=1e-3, weight_decay=1e-2)
+    on_cpu = DEVICE == "cpu"
 
-    def bnb_adamw8bit(ps):
-        import bitsandbytes as bnb
+    def bnb(cls):
+        def make(ps):
+            import bitsandbytes as bnb
 
-        return bnb.optim.AdamW8bit(ps, **kw)
+            return getattr(bnb.optim, cls)(ps, **kw)
+        return make
 
-    def torchao_adamw4bit(ps):
-        import torchao.optim as ao
+    def torchao(cls):
+        def make(ps):
+            import torchao.optim as ao
 
-        return ao.AdamW4bit(ps, **kw)
+            return getattr(ao, cls)(ps, **kw)
+        return make
 
-    return [("torch AdamW(fused=True) fp32", lambda ps: torch.optim.AdamW(ps, fused=True, **kw), False),
+    rows = [("torch AdamW(fused=True) fp32", lambda ps: torch.optim.AdamW(ps, fused=True, **kw), False),
             ("lbopt AdamW (fp32 states)", lambda ps: lt.AdamW(ps, **kw), False),
             ("lbopt AdamW4bit", lambda ps: lt.AdamW4bit(ps, **kw), False),
             ("lbopt AdamWFp8", lambda ps: lt.AdamWFp8(ps, **kw), False),
-            ("lbopt AdamW8bit", lambda ps: lt.AdamW8bit(ps, **kw), False),
-            ("bitsandbytes AdamW8bit (CPU)", bnb_adamw8bit, True),
-            ("torchao AdamW4bit", torchao_adamw4bit, True)]
+            ("lbopt AdamW8bit", lambda ps: lt.AdamW8bit(ps, **kw), False)]
+    if on_cpu:
+        return rows + [("bitsandbytes AdamW8bit (CPU)", bnb("AdamW8bit"), True),
+                       ("torchao AdamW4bit", torchao("AdamW4bit"), True)]
+    return rows + [(f"torchao {c}", torchao(c), False) for c in ("AdamW4bit", "AdamW8bit", "AdamWFp8")] + \
+        [(f"bitsandbytes {c}", bnb(c), False) for c in ("AdamW8bit", "PagedAdamW8bit")]
 
 
 def _why(e):
@@ -275,36 +307,28 @@ def cpu_description():
             "torch_cpu_capability": torch_isa, "flags": wide}
 
 
-def run_model(args):
-    """One round-robin run over GPT-2 small's tensors: every row holds its own params (the grads are shared: no
-    optimizer writes them) and states at once; round r steps each row still running, in turn. Rows time
-    --warmup + --steps steps (slow peers --warmup + --peer-steps); the warm-up steps (torchao's compile, first
-    touch of the states) are not timed. A row that fails to build or to step is reported with the reason."""
-    values, grads = gpt2_small_tensors()
-    n_params = sum(v.numel() for v in values)
-    rows = {}  # name -> result dict
-    live = {}  # name -> (optimizer, params, steps to run)
-    for name, make, slow in model_rows():
-        steps = args.peer_steps if slow else args.steps
-        res = rows[name] = {"status": "ok", "steps_timed": 0, "times_ms": []}
-        if steps <= 0:
-            res["status"] = "skipped (--peer-steps 0)"
-            continue
-        ps = [torch.nn.Parameter(v.clone()) for v in values]
-        for p, g in zip(ps, grads):
-            p.grad = g
-        try:
-            opt = make(ps)
-        except ImportError as e:
-            res["status"] = f"missing: {_why(e)}"
-            continue
-        except Exception as e:  # noqa: BLE001
-            res["status"] = f"failed to build: {_why(e)}"
-            continue
-        live[name] = (opt, ps, args.warmup + steps)
-    rounds = max((n for _, _, n in live.values()), default=0)
-    t_run = time.perf_counter()
-    for r in range(rounds):
+def _build(name, make, slow, values, grads, args, res):
+    """A row's optimizer over its own copy of the params (the grads are shared: no optimizer writes them), and
+    the steps it runs; None where it is skipped or fails to build (res["status"] says why)."""
+    steps = args.peer_steps if slow else args.steps
+    if steps <= 0:
+        res["status"] = "skipped (--peer-steps 0)"
+        return None
+    ps = [torch.nn.Parameter(v.clone()) for v in values]
+    for p, g in zip(ps, grads):
+        p.grad = g
+    try:
+        return make(ps), ps, args.warmup + steps
+    except ImportError as e:
+        res["status"] = f"missing: {_why(e)}"
+    except Exception as e:  # noqa: BLE001
+        res["status"] = f"failed to build: {_why(e)}"
+    return None
+
+
+def _rounds(live, rows, args, n_params):
+    """Round r steps each live row still running, in turn; the rows' median step times and state bytes."""
+    for r in range(max((n for _, _, n in live.values()), default=0)):
         for name in list(live):
             opt, ps, n = live[name]
             if r >= n:
@@ -319,15 +343,39 @@ def run_model(args):
                 rows[name]["times_ms"].append(t * 1e3)
             elif args.verbose:
                 print(f"  warm-up step {r + 1} of {name}: {t * 1e3:.0f} ms", file=sys.stderr, flush=True)
-        if args.verbose:
-            print(f"  round {r + 1}/{rounds} done, {time.perf_counter() - t_run:.0f} s", file=sys.stderr,
-                  flush=True)
     for name, (opt, ps, _) in live.items():  # state bytes once the states exist
         res = rows[name]
         res["steps_timed"] = len(res["times_ms"])
         res["median_ms"] = statistics.median(res["times_ms"]) if res["times_ms"] else None
         res["state_bytes"] = state_bytes(opt)
         res["state_bytes_per_param"] = res["state_bytes"] / n_params
+
+
+def run_model(args):
+    """The rows over a model's tensors. On the CPU one round-robin run: every row holds its own params and
+    states at once and the rows step in turn, so that a shared VM's slow phases fall on all of them alike. On a
+    GPU one row at a time (a 1B-param set held by ten rows at once would not fit). Rows time --warmup + --steps
+    steps (slow peers --warmup + --peer-steps); the warm-up steps (torchao's compile, first touch of the states)
+    are not timed. A row that fails to build or to step is reported with the reason."""
+    values, grads = model_tensors(args.model)
+    n_params = sum(v.numel() for v in values)
+    specs = model_rows()
+    rows = {name: {"status": "ok", "steps_timed": 0, "times_ms": []} for name, _, _ in specs}
+    batches = [specs] if DEVICE == "cpu" else [[spec] for spec in specs]
+    t_run = time.perf_counter()
+    for batch in batches:
+        live = {}
+        for name, make, slow in batch:
+            built = _build(name, make, slow, values, grads, args, rows[name])
+            if built:
+                live[name] = built
+        _rounds(live, rows, args, n_params)
+        del live
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        if args.verbose:
+            print(f"  {', '.join(n for n, _, _ in batch)} done, {time.perf_counter() - t_run:.0f} s",
+                  file=sys.stderr, flush=True)
     ref = rows["torch AdamW(fused=True) fp32"].get("median_ms")
     for res in rows.values():
         res["speed_vs_torch_fused"] = ref / res["median_ms"] if ref and res.get("median_ms") else None
@@ -335,8 +383,6 @@ def run_model(args):
 
 
 def main_model(args):
-    if args.device != "cpu":
-        raise SystemExit("--model gpt2-small runs on the CPU only (bitsandbytes' and torchao's CPU rows)")
     versions, cpu = package_versions(), cpu_description()
     threads = {"torch": torch.get_num_threads(), "lbopt": lbopt.get_num_threads(),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
@@ -346,8 +392,9 @@ def main_model(args):
           f"capability {cpu['torch_cpu_capability']}; flags: {' '.join(cpu['flags']) or 'none listed'}")
     print(f"threads: torch {threads['torch']}, lbopt {threads['lbopt']}\n", flush=True)
     rows, n_params, wall = run_model(args)
-    print(f"## Optimizer step time on the CPU, GPT-2 small ({n_params:,} fp32 params, {GPT2_SMALL_TENSORS} "
-          f"tensors), one round-robin run, median step time after {args.warmup} warm-up steps\n")
+    where = "the CPU, one round-robin run" if DEVICE == "cpu" else f"{torch.cuda.get_device_name()}, a row at a time"
+    print(f"## Optimizer step time on {where}: {args.model} ({n_params:,} fp32 params, {MODELS[args.model][2]} "
+          f"tensors), median step time after {args.warmup} warm-up steps\n")
     print("| optimizer | steps timed | median step (ms) | speed vs torch fused | state bytes / param |")
     print("|---|---|---|---|---|")
     for name, r in rows.items():
@@ -360,7 +407,7 @@ def main_model(args):
           f"state bytes / param: the optimizer's state tensors over {n_params:,} params. Run took {wall:.0f} s.")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": "gpt2-small", "params": n_params, "tensors": GPT2_SMALL_TENSORS,
+            json.dump({"model": args.model, "device": DEVICE, "params": n_params, "tensors": MODELS[args.model][2],
                        "steps": args.steps, "peer_steps": args.peer_steps, "warmup": args.warmup,
                        "versions": versions, "cpu": cpu, "threads": threads, "wall_s": wall, "rows": rows},
                       f, indent=1)
@@ -373,7 +420,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--small", type=int, default=300)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--model", choices=["gpt2-small"], help="step a model's parameter set instead of --params")
+    ap.add_argument("--model", choices=sorted(MODELS), help="step a model's parameter set instead of --params")
     ap.add_argument("--peer-steps", type=int, default=3,
                     help="--model: timed steps of the slow peers (bitsandbytes, torchao); 0 skips them")
     ap.add_argument("--warmup", type=int, default=2, help="--model: untimed warm-up steps per optimizer")
