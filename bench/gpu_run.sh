@@ -14,7 +14,7 @@
 # The device image has nvcc, torch and pytest but neither Highway nor the DLPack and doctest headers, and nothing
 # can be installed there, so the binaries are built here and carried:
 #   echo /.gpu-carry/ >> .git/info/exclude
-#   meson setup build-gpu --buildtype=release -Dcuda=enabled && ninja -C build-gpu
+#   meson setup build-gpu --buildtype=release -Dcuda=enabled -Dgpu_archs=90 && ninja -C build-gpu
 #   bash bench/gpu_run.sh --pack            # copies the library, libhwy, gpu_tests and bench_gpu to .gpu-carry,
 #                                           # and the peers' wheels, unpacked, to .gpu-carry/peers
 # then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 300. For an A/B, copy

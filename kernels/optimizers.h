@@ -69,6 +69,20 @@ LBOPT_HD int active_states(const Hyper& h) {
   return with_optimizer(h.optimizer, [&](auto opt) { return decltype(opt)::states(h); });
 }
 
+// x / c, IEEE's correctly rounded quotient, for a divisor c fixed for the step and r = reciprocal_rn(c), by
+// multiplications: RN(x * r) is within two ulps of x / c, one correction brings it within one, and a second
+// rounds it correctly (Markstein's theorem: r within half an ulp of 1 / c). Exact for x = +0, +-inf and NaN
+// (-0 gives +0), and for |x| >= 2^-99, 2^-27 <= c <= 2^27 and |x / c| in [2^-126, 2^127): there no intermediate
+// underflows or overflows (tests/unit/test_div_by_scalar.cpp: every significand of x at the ends of that range
+// and inside it, and random pairs). A GPU spends a reciprocal, seven fused multiply-adds and a branch to a slow
+// path on a division; a CPU's vector divider is faster than this sequence (docs/benchmarks.md).
+LBOPT_HD float div_by_reciprocal(float x, float c, float r) {
+  float q = x * r;
+  q = fmaf(fmaf(-c, q, x), r, q);
+  q = fmaf(fmaf(-c, q, x), r, q);
+  return isinf(x) ? x : q;  // inf * r - inf * c is NaN
+}
+
 // The element operations of the scalar (portable and CUDA) kernels; the SIMD kernels supply vector ones with
 // the same rounding.
 struct ScalarOps {
@@ -78,6 +92,15 @@ struct ScalarOps {
   LBOPT_HD static float sub(float a, float b) { return a - b; }
   LBOPT_HD static float mul(float a, float b) { return a * b; }
   LBOPT_HD static float div(float a, float b) { return a / b; }
+  // x / c for a divisor fixed for the step, r = reciprocal_rn(c): the same quotient on every backend
+  LBOPT_HD static float div_by_scalar(float x, float c, float r) {
+#ifdef __CUDA_ARCH__
+    return div_by_reciprocal(x, c, r);
+#else
+    (void)r;
+    return x / c;
+#endif
+  }
   LBOPT_HD static float fma(float a, float b, float c) { return fmaf(a, b, c); }  // a * b + c, one rounding
   LBOPT_HD static float sqrt(float a) { return sqrtf(a); }
   // fmaxf spelled out, so that every backend agrees on zeros too: a NaN operand yields the other, and of equal

@@ -156,6 +156,7 @@ struct VecOps {
   static HWY_INLINE VF div(VF a, VF b) { return hn::Div(a, b); }
   static HWY_INLINE VF fma(VF a, VF b, VF c) { return hn::MulAdd(a, b, c); }
   static HWY_INLINE VF sqrt(VF a) { return hn::Sqrt(a); }
+  static HWY_INLINE VF div_by_scalar(VF x, float c, float) { return hn::Div(x, hn::Set(DF(), c)); }
   static HWY_INLINE VF max(VF a, VF b) { return fmax_vec(a, b); }
   static HWY_INLINE VF sign(VF a) {
     const DF df;

@@ -34,6 +34,7 @@ struct AdamW {
     float one_minus_beta2;
     float neg_step_size;     // -lr / (1 - beta1^step)
     float sqrt_bc2;          // sqrt(1 - beta2^step)
+    float inv_sqrt_bc2;      // reciprocal_rn(sqrt_bc2), for O::div_by_scalar
     float eps;
     bool coupled_decay;
     bool amsgrad;
@@ -52,6 +53,7 @@ struct AdamW {
     s.one_minus_beta2 = float(1.0 - h.beta2);
     s.neg_step_size = float(-(lr / bias_correction(h.beta1, step)));
     s.sqrt_bc2 = float(pow(bias_correction(h.beta2, step), 0.5));  // as Python's bc2 ** 0.5
+    s.inv_sqrt_bc2 = reciprocal_rn(s.sqrt_bc2);
     s.eps = float(h.eps);
     s.coupled_decay = h.coupled_decay;
     s.amsgrad = h.amsgrad;
@@ -76,9 +78,8 @@ LBOPT_HD typename O::V update_states(const ::lbopt::AdamW::Scalars& s, typename 
   const float w = s.one_minus_beta1;
   m = s.lerp_from_m ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
   v = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(v, O::set(s.beta2)));
-  if (!s.amsgrad) return O::sqrt(v);
-  vmax = O::max(vmax, v);
-  return O::sqrt(vmax);
+  if (s.amsgrad) vmax = O::max(vmax, v);
+  return O::sqrt(s.amsgrad ? vmax : v);
 }
 
 // p after update_states, whose result is root; m: the new first moment. The decoupled decay of p is independent
@@ -87,7 +88,9 @@ template <class O>
 LBOPT_HD void update_param(const ::lbopt::AdamW::Scalars& s, typename O::V& p, typename O::V root, typename O::V m,
                            typename O::V, typename O::V) {
   if (!s.coupled_decay) p = O::mul(p, O::set(s.decay_factor));
-  const auto denom = O::add(O::div(root, O::set(s.sqrt_bc2)), O::set(s.eps));
+  // root / sqrt_bc2, within div_by_reciprocal's exact range: root is the square root of a float, so 0 (-0 comes
+  // back +0, which adds to eps alike), in [2^-75, 2^64], inf or NaN; sqrt_bc2 is in [2^-27, 1]
+  const auto denom = O::add(O::div_by_scalar(root, s.sqrt_bc2, s.inv_sqrt_bc2), O::set(s.eps));
   p = O::add(p, O::div(O::mul(O::set(s.neg_step_size), m), denom));
 }
 

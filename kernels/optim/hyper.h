@@ -52,6 +52,19 @@ struct FlagList {};
 // 1 - beta^step in double precision: the bias corrections of the Adam family.
 LBOPT_HD double bias_correction(double beta, int64_t step) { return 1.0 - pow(beta, double(step)); }
 
+// RN(1 / c), the float nearest the reciprocal of a positive normal float c whose reciprocal is normal (what
+// div_by_reciprocal in optimizers.h needs). float(1.0 / c) rounds twice, to double then to float, and may land a
+// float off; of it and its neighbours, the one with the least residual |1 - r * c|, exact in double (r * c has 48
+// bits, and 1 - r * c is exact by Sterbenz's lemma).
+LBOPT_HD float reciprocal_rn(float c) {
+  const float r = float(1.0 / double(c));
+  const float candidates[3] = {nextafterf(r, 0.0f), r, nextafterf(r, INFINITY)};
+  float best = r;
+  for (float x : candidates)
+    if (fabs(1.0 - double(x) * double(c)) < fabs(1.0 - double(best) * double(c))) best = x;
+  return best;
+}
+
 // The factor every gradient is multiplied by first: 1 / grad_scale in float32 (GradScaler's inv_scale, exact for
 // its powers of two), negated to ascend.
 LBOPT_HD float grad_factor(double grad_scale, bool maximize) {
