@@ -302,6 +302,48 @@ def test_refused_load_leaves_optimizer_unchanged():
     train(m4, o4, 3, 4)  # and it still steps
 
 
+def _in_memory_form(opt, sd):
+    """sd with each param's state as the optimizer holds it (the flat form lbopt 0.3 saved)."""
+    return {"state": {i: dict(opt.state[p]) for i, p in enumerate(opt.param_groups[0]["params"])},
+            "param_groups": sd["param_groups"]}
+
+
+@pytest.mark.parametrize("kind", ["4bit", "fp32"])
+@pytest.mark.parametrize("form", ["checkpoint", "in-memory"])
+def test_state_saved_after_amsgrad_turned_on_loads_and_resumes(kind, form):
+    """A state dict saved once amsgrad was turned on but before the next step holds no max_exp_avg_sq: the step
+    would start it at zero, and so does a load into an optimizer built with amsgrad."""
+    model, opt = build(kind)
+    train(model, opt, 0, 5)
+    for group in opt.param_groups:
+        group["amsgrad"] = True
+    sd = opt.state_dict()
+    ck = roundtrip({"model": model.state_dict(), "opt": sd if form == "checkpoint" else _in_memory_form(opt, sd)})
+    train(model, opt, 5, 10)
+
+    model2, opt2 = build(kind + "-amsgrad")
+    model2.load_state_dict(ck["model"])
+    opt2.load_state_dict(ck["opt"])
+    train(model2, opt2, 5, 10)
+    assert_same_states(opt, list(model.parameters()), opt2, list(model2.parameters()))
+
+
+def test_load_of_a_state_missing_its_first_moment_raises():
+    model, opt = build("4bit")
+    train(model, opt, 0, 1)
+    sd = opt.state_dict()
+    for st in sd["state"].values():
+        for k in ("exp_avg_codes", "exp_avg_scales"):
+            st.pop(k, None)
+    _, opt2 = build("4bit")
+    with pytest.raises(ValueError, match=r"checkpoint's exp_avg of .* is missing"):
+        opt2.load_state_dict(sd)
+    with pytest.raises(ValueError, match="saved state 'exp_avg_codes' does not fit"):
+        opt2.load_state_dict(_in_memory_form(opt, opt.state_dict()) | {"state": {
+            i: {k: v for k, v in st.items() if k not in ("exp_avg_codes", "exp_avg_scales")}
+            for i, st in _in_memory_form(opt, opt.state_dict())["state"].items()}})
+
+
 def test_load_of_states_sized_for_other_params_raises():
     m_other = torch.nn.Sequential(torch.nn.Linear(32, 150), torch.nn.Tanh(), torch.nn.Linear(150, 7))
     o_other = LT.AdamW4bit(m_other.parameters(), lr=LR, min_quant_size=MIN_QUANT)

@@ -138,15 +138,17 @@ def is_checkpoint(entry, p):
     return all(v.dim() == 2 if k.endswith("_scales") else tuple(v.shape) == tuple(p.shape) for k, v in states.items())
 
 
-def from_checkpoint(entry, p, local, state, what, moments, codebook):
+def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
     """Fill `state` (fresh tensors of this optimizer's kind over `local`, row-major) from a checkpoint entry, as
     loaded for this process (DTensors on this mesh for a DTensor param). codebook(kind, second) gives lbopt's
-    code values. Returns the moments cut differently when saved (a list of Reblocked), for the caller to
-    encode."""
+    code values. added: the moments a setting turned on since may leave out of the entry (they stay zero).
+    Returns the moments cut differently when saved (a list of Reblocked), for the caller to encode."""
     kind = KINDS[state["state_kind"]]
     reblock = []
     for name, moment in moments:
         if name + "_codes" not in state:
+            continue
+        if name in added and name + "_codes" not in entry and name + "_scales" not in entry:
             continue
         saved = entry.get(name + "_codes")
         if saved is None or tuple(saved.shape) != tuple(p.shape):

@@ -421,6 +421,12 @@ class _LowBit(torch.optim.Optimizer):
         """((name, moment), ...) of the states a step of this group uses."""
         return _abi.optimizer_states(self._config(group, _abi.STATE_FP32))
 
+    def _added_states(self, group):
+        """The names of the group's states that a setting adds (amsgrad, momentum): a step starts them at zero when
+        the setting was turned on since, and a load accepts a saved state without them alike."""
+        base = {**group, **{k: v for k, v in _STATE_SETTINGS_OFF.items() if k in group}}
+        return {n for n, _ in self._states(group)} - {n for n, _ in self._states(base)}
+
     # ---- copies: copy.deepcopy and pickle keep what torch.optim.Optimizer's __getstate__ drops -----------------
 
     def __getstate__(self):
@@ -677,7 +683,8 @@ class _LowBit(torch.optim.Optimizer):
                              f"{st['state_kind']!r} for {what}")
         st["step"] = _step_count(entry.get("step"), what)
         _set_order(st, tuple(range(t.dim())))
-        for moment in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group), _import.codebook):
+        for moment in _checkpoint.from_checkpoint(entry, p, t, st, what, self._states(group), _import.codebook,
+                                                  self._added_states(group)):
             _encode(st, moment.name, moment.moment, moment.values, what)
         return st
 
@@ -717,6 +724,9 @@ class _LowBit(torch.optim.Optimizer):
         if st.get("state_kind") != want["state_kind"]:
             raise ValueError(f"lbopt: saved state kind {st.get('state_kind')!r} does not match this optimizer's "
                              f"{want['state_kind']!r} for {what}")
+        for moment in self._added_states(group):
+            if not any(k in st for k in (moment + "_codes", moment + "_scales")):
+                st.update(_zero_state(KINDS[want["state_kind"]], _local(p, p, name), moment))
         for k, v in want.items():
             if torch.is_tensor(v) and (k not in st or st[k].shape != v.shape or st[k].dtype != v.dtype):
                 raise ValueError(f"lbopt: saved state {k!r} does not fit {what} with {want['state_kind']} states")
@@ -789,6 +799,10 @@ def _encode(state, moment_name, moment, values, what):
                                            _state_of(state, moment_name, []), None))
     except _abi.LbOptError as e:
         raise type(e)(e.status, f"lbopt: {moment_name} of {what}: {e}") from None
+
+
+# The settings that add a state when turned on, as a group with them off has them (see _added_states).
+_STATE_SETTINGS_OFF = {"amsgrad": False, "momentum": 0.0, "nesterov": False}
 
 
 def _zero_state(kind, p, moment):
