@@ -379,8 +379,8 @@ def test_quantized_states_train_like_fp32(kind, which):
     ref, low = train(fp32_cls), train(KINDS[kind][which])
     assert all(math.isfinite(v) for v in low)
     assert low[-1] < 0.7 * low[0]  # it trains
-    # AdEMAMix's slow EMA m2 gains (1 - beta3) g a step, far below one 4-bit code step: at 4 bits it mostly keeps
-    # its value (docs/optimizers.md), so that run trains but lags
+    # 4-bit AdEMAMix trains but lags: its momentum's codes, rounded to nearest, fall behind small updates
+    # (docs/optimizers.md, "Which state kind to train with")
     bound = 2.0 if (which, kind) == (2, "4bit") else 1.25
     assert low[-1] <= bound * ref[-1], (ref[-1], low[-1])
 

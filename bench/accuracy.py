@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""How low-bit states train against fp32 states, for every optimizer and state kind: each variant against the
+fp32-state run of the same optimizer, same seeds, same data, same lr schedule; with torchao's and bitsandbytes'
+low-bit optimizers where they exist, so that a gap shows as the format's or lbopt's.
+
+usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \\
+       python3 bench/accuracy.py [--tasks charlm,regression] [--optimizers adamw,sgd,lion,ademamix]
+       [--seeds 3] [--charlm-steps 1000] [--regression-steps 150] [--jobs 2] [--device cpu] [--json PATH]
+       [--no-peers] [--variants fp32,4-bit,...] [--skip 'adamw:torchao 8-bit,...']
+
+Tasks:
+- charlm: the demo's character-level transformer (python -m lbopt.demo: 0.83M params, the Debian fortunes corpus)
+  trained --charlm-steps steps with a linear warm-up and cosine decay; the metric is the validation loss at the
+  end (16 fixed batches).
+- regression: a 32-256-1 MLP fitting sin of a sum of inputs (512 samples, full batch) for --regression-steps
+  steps at a constant lr, every tensor quantized (min_quant_size=0); the metric is the mean training loss of the
+  last 10 steps.
+Each (task, optimizer, variant, seed) runs in a worker process with one torch thread. Prints one table per task:
+per variant the mean over seeds, the spread (max - min), and the mean's difference from the same optimizer's
+fp32 mean in percent (negative: lower loss than fp32). A peer that fails is a row saying why.
+"""
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import types
+
+# optimizer -> (lbopt class stem, charlm lr, regression lr, keyword arguments)
+OPTIMIZERS = {
+    "adamw": ("AdamW", 3e-3, 1e-2, dict(weight_decay=0.01)),
+    "sgd": ("SGD", 0.03, 0.05, dict(momentum=0.9)),
+    "lion": ("Lion", 3e-4, 1e-3, dict(weight_decay=0.01)),
+    "ademamix": ("AdEMAMix", 3e-3, 2e-3, dict(weight_decay=0.01)),
+}
+KINDS = {"fp32": "", "8-bit": "8bit", "FP8": "Fp8", "4-bit": "4bit"}
+# optimizer -> [(variant, package, class)]: the peers' low-bit versions of it
+PEERS = {
+    "adamw": [("torchao 4-bit", "torchao.optim", "AdamW4bit"), ("torchao 8-bit", "torchao.optim", "AdamW8bit"),
+              ("torchao FP8", "torchao.optim", "AdamWFp8"), ("bitsandbytes 8-bit", "bitsandbytes.optim", "AdamW8bit")],
+    "lion": [("bitsandbytes 8-bit", "bitsandbytes.optim", "Lion8bit")],
+    "ademamix": [("bitsandbytes 8-bit", "bitsandbytes.optim", "AdEMAMix8bit")],
+}
+CHARLM = dict(d_model=128, layers=4, heads=4, context=64, batch=32, max_chars=2_000_000, val_batches=16)
+
+
+def make_optimizer(torch, optimizer, variant, params, lr, task):
+    stem, _, _, kwargs = OPTIMIZERS[optimizer]
+    if variant in KINDS:
+        import lbopt.torch as lt
+
+        extra = dict(min_quant_size=0) if task == "regression" else {}
+        return getattr(lt, stem + KINDS[variant])(params, lr=lr, **kwargs, **extra)
+    package, cls = next((p, c) for v, p, c in PEERS[optimizer] if v == variant)
+    module = __import__(package, fromlist=[cls])
+    if package.startswith("torchao"):
+        return getattr(module, cls)(params, lr=torch.tensor(lr), **kwargs)  # a tensor lr: no recompile per lr
+    return getattr(module, cls)(params, lr=lr, **kwargs)
+
+
+def charlm(torch, make, steps, seed, device):
+    from lbopt import demo
+
+    args = types.SimpleNamespace(**CHARLM)
+    torch.manual_seed(seed)
+    text = demo.load_corpus(None)
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([index[c] for c in text[: args.max_chars]], dtype=torch.long)
+    split = int(0.9 * len(data))
+    train_data, val_data = data[:split], data[split:]
+    model = demo.build_model(torch, len(chars), args).to(device)
+    opt = make(model.parameters())
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
+                                              0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+
+    def batch(src, g):
+        ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
+        x = torch.stack([src[i: i + args.context] for i in ix])
+        y = torch.stack([src[i + 1: i + args.context + 1] for i in ix])
+        return x.to(device), y.to(device)
+
+    gen, val_gen = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(12345)
+    val = [batch(val_data, val_gen) for _ in range(args.val_batches)]
+    for _ in range(steps):
+        x, y = batch(train_data, gen)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    with torch.no_grad():
+        return statistics.mean(torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+                               for x, y in val)
+
+
+def regression(torch, make, steps, seed, device):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 1)).to(device)
+    x = torch.randn(512, 32, device=device)
+    y = x[:, :4].sum(1, keepdim=True).sin()
+    opt = make(model.parameters())
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return statistics.mean(losses[-10:])
+
+
+def run(job):
+    """One (task, optimizer, variant, seed): (job, metric or None, error or None, seconds)."""
+    task, optimizer, variant, seed, steps, device = job
+    t0 = time.perf_counter()
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        import lbopt
+
+        lbopt.set_num_threads(1)
+        _, lr_charlm, lr_regression, _ = OPTIMIZERS[optimizer]
+        lr = lr_charlm if task == "charlm" else lr_regression
+        make = lambda params: make_optimizer(torch, optimizer, variant, params, lr, task)  # noqa: E731
+        metric = (charlm if task == "charlm" else regression)(torch, make, steps, seed, device)
+        if not math.isfinite(metric):
+            return job, None, f"diverged ({metric})", time.perf_counter() - t0
+        return job, metric, None, time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 -- a peer that fails is a row saying why
+        msg = " ".join(str(e).split())[:200]
+        return job, None, f"{type(e).__name__}: {msg}", time.perf_counter() - t0
+
+
+def variants(optimizer, peers):
+    return list(KINDS) + ([v for v, _, _ in PEERS.get(optimizer, [])] if peers else [])
+
+
+def table(task, optimizers, results, peers):
+    """Markdown rows: per optimizer and variant the mean, the spread and the difference from fp32's mean."""
+    lines = [f"| optimizer | variant | mean | spread (max - min) | vs fp32 mean |", "|---|---|---|---|---|"]
+    for optimizer in optimizers:
+        ref = results.get((task, optimizer, "fp32"), {}).get("values")
+        ref_mean = statistics.mean(ref) if ref else None
+        for variant in variants(optimizer, peers):
+            if (task, optimizer, variant) not in results:
+                continue  # not asked for
+            r = results[(task, optimizer, variant)]
+            vals = r["values"]
+            if not vals:
+                lines.append(f"| {OPTIMIZERS[optimizer][0]} | {variant} | - | {r.get('error', 'not run')} | - |")
+                continue
+            mean = statistics.mean(vals)
+            diff = f"{100 * (mean / ref_mean - 1):+.2f}%" if ref_mean else "-"
+            note = f" ({len(vals)} of {r['runs']} runs)" if len(vals) < r["runs"] else ""
+            lines.append(f"| {OPTIMIZERS[optimizer][0]} | {variant} | {mean:.4g}{note} | {max(vals) - min(vals):.3g} "
+                         f"| {diff} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default="charlm,regression")
+    ap.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--charlm-steps", type=int, default=1000)
+    ap.add_argument("--regression-steps", type=int, default=150)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes, one torch thread each")
+    ap.add_argument("--no-peers", action="store_true", help="lbopt's kinds only")
+    ap.add_argument("--variants", help="the variants to run (default: all), e.g. fp32,4-bit")
+    ap.add_argument("--skip", default="", help="(optimizer:variant,...) runs left out, e.g. adamw:torchao 8-bit")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args()
+    tasks, optimizers = args.tasks.split(","), args.optimizers.split(",")
+    steps = {"charlm": args.charlm_steps, "regression": args.regression_steps}
+    skip = {tuple(x.split(":", 1)) for x in args.skip.split(",") if x}
+    wanted = set(args.variants.split(",")) if args.variants else {v for o in optimizers for v in variants(o, True)}
+    jobs = [(task, o, v, seed, steps[task], args.device) for task in tasks for o in optimizers
+            for v in variants(o, not args.no_peers) if (o, v) not in skip and v in wanted for seed in range(args.seeds)]
+    results = {}
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no torch state shared between runs
+    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
+        for (task, o, v, seed, _, _), metric, error, secs in pool.imap_unordered(run, jobs):
+            r = results.setdefault((task, o, v), {"values": [], "runs": 0})
+            r["runs"] += 1
+            if metric is None:
+                r["error"] = error
+            else:
+                r["values"].append(metric)
+            print(f"  {task} {o} {v} seed {seed}: {metric if metric is not None else error} ({secs:.0f} s)",
+                  file=sys.stderr, flush=True)
+    import lbopt
+    import torch
+
+    print(f"lbopt {lbopt.version()} ({lbopt.build_info()['cpu_kernels']} CPU kernels), torch {torch.__version__}, "
+          f"device {args.device}, {args.seeds} seeds, {time.perf_counter() - t0:.0f} s\n")
+    for task in tasks:
+        what = (f"char-LM, {args.charlm_steps} steps, validation loss" if task == "charlm" else
+                f"regression MLP, {args.regression_steps} steps, training loss")
+        print(f"## {what}\n\n{table(task, optimizers, results, not args.no_peers)}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": [{"task": t, "optimizer": o, "variant": v, **r}
+                                                       for (t, o, v), r in results.items()]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
