@@ -9,7 +9,9 @@
 #   peers       lbopt vs torch fused, torchao (4-bit, 8-bit, FP8) and bitsandbytes (8-bit, paged) AdamW on three
 #               parameter sets: four 250M matrices, GPT-2 small, Llama 3.2 1B (bench/bench_torch.py --model)
 #   offload     CPU offload end to end (bench/bench_offload.py) and the host step's thread scaling
-# Output goes to ${OUT:-results/gpu}/gpu_run.txt. Plus the machine's start.
+# Output goes to ${OUT:-results/gpu}/gpu_run.txt. The sections' timeouts add up to about 20 minutes (kernels
+# 11 with one A/B build, torch_cuda 4, peers 7.5, offload 4), each section far shorter when it passes: more than
+# one call's 10 minutes, so run "kernels peers" first and the rest in a second call if the device time allows.
 #
 # The device image has nvcc, torch and pytest but neither Highway nor the DLPack and doctest headers, and nothing
 # can be installed there, so the binaries are built here and carried:
@@ -17,8 +19,9 @@
 #   meson setup build-gpu --buildtype=release -Dcuda=enabled -Dgpu_archs=90 && ninja -C build-gpu
 #   bash bench/gpu_run.sh --pack            # copies the library, libhwy, gpu_tests and bench_gpu to .gpu-carry,
 #                                           # and the peers' wheels, unpacked, to .gpu-carry/peers
-# then run (device tool): command "bash bench/gpu_run.sh", carry [".gpu-carry"], timeout_s 300. For an A/B, copy
-# another build's liblbopt.so.0 to .gpu-carry/NAME/ after --pack: its step-vs-copy table and counters follow.
+# then run (device tool): command "bash bench/gpu_run.sh kernels peers", carry [".gpu-carry"], timeout_s 480.
+# For an A/B, copy another build's liblbopt.so.0 to .gpu-carry/NAME/ after --pack: its step-vs-copy table and
+# counters follow.
 # Kernels behind build options (gpu_encode_in_x: the 4-bit encode by thresholds on x; gpu_encode8_buckets: the
 # 8-bit encode by buckets of the float's bits; gpu_fp8_cvt: the FP8 encode by the conversion instruction) are
 # checked by packing the build that has them on (-Dgpu_encode_in_x=true -Dgpu_encode8_buckets=true
