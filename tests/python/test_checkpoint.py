@@ -344,6 +344,27 @@ def test_load_of_a_state_missing_its_first_moment_raises():
             for i, st in _in_memory_form(opt, opt.state_dict())["state"].items()}})
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize("form", ["checkpoint", "in-memory"])
+def test_load_refuses_damaged_scales_and_changes_nothing(bad, form):
+    """A scale that no step writes (NaN, infinite, negative) is refused at load, naming the param and the key; the
+    optimizer keeps its states."""
+    model, opt = build("4bit")
+    train(model, opt, 0, 2)
+    sd = opt.state_dict() if form == "checkpoint" else _in_memory_form(opt, opt.state_dict())
+    damaged = {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()} for i, st in sd["state"].items()}
+    scales = damaged[0]["exp_avg_sq_scales"]  # the checkpoint form: per row its offset, then its blocks' scales
+    scales[(0, 1) if form == "checkpoint" else 0] = bad
+    model2, opt2 = build("4bit")
+    train(model2, opt2, 0, 1)
+    before = clone_state(opt2)
+    with pytest.raises(ValueError, match=r"saved exp_avg_sq_scales of a param of shape \(151, 32\) holds a scale"):
+        opt2.load_state_dict({**sd, "state": damaged})
+    for p in model2.parameters():
+        assert all(torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
+                   for k, v in before[id(p)].items())
+
+
 def test_load_of_states_sized_for_other_params_raises():
     m_other = torch.nn.Sequential(torch.nn.Linear(32, 150), torch.nn.Tanh(), torch.nn.Linear(150, 7))
     o_other = LT.AdamW4bit(m_other.parameters(), lr=LR, min_quant_size=MIN_QUANT)

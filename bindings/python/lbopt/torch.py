@@ -631,14 +631,17 @@ class _LowBit(torch.optim.Optimizer):
             hook(self)
 
     def _loaded_state(self, p, group, name, entry):
-        """The state of p from its saved entry, in any format load_state_dict reads."""
+        """The state of p from its saved entry, in any format load_state_dict reads, its block scales checked."""
         if _import.is_foreign(entry, [n for n, _ in self._states(group)]):
-            return self._convert_foreign(p, group, name, entry)
-        entry = _normalized(entry, _what(p, name))
-        if _checkpoint.is_checkpoint(entry, p):
-            return self._convert_checkpoint(p, group, name, entry)
-        st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in entry.items()}
-        self._check_loaded(p, group, name, st)
+            st = self._convert_foreign(p, group, name, entry)
+        else:
+            entry = _normalized(entry, _what(p, name))
+            if _checkpoint.is_checkpoint(entry, p):
+                st = self._convert_checkpoint(p, group, name, entry)
+            else:
+                st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in entry.items()}
+                self._check_loaded(p, group, name, st)
+        _check_scales(st, _what(p, name))
         return st
 
     def state_dict(self):
@@ -779,6 +782,14 @@ def _real(x, name):
 
 def _lr(group):
     return _real(group["lr"], "lr")
+
+
+def _check_scales(state, what):
+    """Refuses block scales that no step writes: a NaN, infinite or negative scale would decode its whole block to
+    NaN or flip its signs at the next step (a never-stepped state holds zeros)."""
+    for key, value in state.items():
+        if key.endswith("_scales") and torch.is_tensor(value) and not bool((torch.isfinite(value) & (value >= 0)).all()):
+            raise ValueError(f"lbopt: saved {key} of {what} holds a scale that is negative or not finite")
 
 
 def _step_count(step, what):
