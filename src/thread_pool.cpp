@@ -2,12 +2,14 @@
 
 #include <fenv.h>
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -59,6 +61,27 @@ class Pool {
   }
 
   int size() const { return size_.load(); }
+
+  // fork() copies only the forking thread: a child that kept the pool's workers and locks would wait for threads
+  // it does not have. The pool is held idle while the process is copied (a fork waits for a running call), and
+  // the child starts with fresh locks and no workers; its next parallel call starts its own.
+  void before_fork() {
+    run_mutex_.lock();
+    mutex_.lock();
+  }
+  void after_fork_in_parent() {
+    mutex_.unlock();
+    run_mutex_.unlock();
+  }
+  void after_fork_in_child() {
+    new std::vector<std::thread>(std::move(workers_));  // threads of the parent: never joined, never destroyed
+    workers_.clear();
+    new (&run_mutex_) std::mutex;
+    new (&mutex_) std::mutex;
+    new (&wake_) std::condition_variable;
+    new (&done_) std::condition_variable;
+    active_ = 0;
+  }
 
  private:
   void work() {
@@ -113,7 +136,12 @@ class Pool {
 // Never destroyed: joining threads from a static destructor at process exit can deadlock, and the library is
 // linked with -z nodelete so it is never unloaded under running workers.
 Pool& pool() {
-  static Pool* p = new Pool;
+  static Pool* p = [] {
+    Pool* made = new Pool;
+    pthread_atfork([] { pool().before_fork(); }, [] { pool().after_fork_in_parent(); },
+                   [] { pool().after_fork_in_child(); });
+    return made;
+  }();
   return *p;
 }
 
