@@ -159,7 +159,7 @@ def table(task, optimizers, results, peers):
             mean = statistics.mean(vals)
             diff = f"{100 * (mean / ref_mean - 1):+.2f}%" if ref_mean else "-"
             note = f" ({len(vals)} of {r['runs']} runs)" if len(vals) < r["runs"] else ""
-            lines.append(f"| {OPTIMIZERS[optimizer][0]} | {variant} | {mean:.4g}{note} | {max(vals) - min(vals):.3g} "
+            lines.append(f"| {OPTIMIZERS[optimizer][0]} | {variant} | {mean:#.4g}{note} | {max(vals) - min(vals):.3g} "
                          f"| {diff} |")
     return "\n".join(lines)
 
