@@ -74,20 +74,11 @@ def charlm(torch, make, steps, seed, device):
     train_data, val_data = data[:split], data[split:]
     model = demo.build_model(torch, len(chars), args).to(device)
     opt = make(model.parameters())
-    warm = max(1, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
-                                              0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
-
-    def batch(src, g):
-        ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
-        x = torch.stack([src[i: i + args.context] for i in ix])
-        y = torch.stack([src[i + 1: i + args.context + 1] for i in ix])
-        return x.to(device), y.to(device)
-
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: demo.lr_factor(step, steps))
     gen, val_gen = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(12345)
-    val = [batch(val_data, val_gen) for _ in range(args.val_batches)]
+    val = [demo.sample_batch(torch, val_data, val_gen, args, device) for _ in range(args.val_batches)]
     for _ in range(steps):
-        x, y = batch(train_data, gen)
+        x, y = demo.sample_batch(torch, train_data, gen, args, device)
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()

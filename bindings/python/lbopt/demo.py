@@ -73,6 +73,23 @@ def build_model(torch, vocab, args):
     return CharLM()
 
 
+def lr_factor(step, steps):
+    """The lr schedule's factor at a step: a linear warm-up over the first tenth, then cosine decay to 10% of the
+    peak (a new lr on every step)."""
+    warm = max(1, steps // 10)
+    if step < warm:
+        return (step + 1) / warm
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+
+def sample_batch(torch, src, g, args, device):
+    """args.batch random windows of args.context characters of src and the characters after them."""
+    ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
+    x = torch.stack([src[i: i + args.context] for i in ix])
+    y = torch.stack([src[i + 1: i + args.context + 1] for i in ix])
+    return x.to(device), y.to(device)
+
+
 def make_optimizer(torch, name, params, lr):
     if name == "fp32":
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
@@ -119,21 +136,11 @@ def train(name, args, queue):
     device = torch.device(args.device)
     model = build_model(torch, len(chars), args).to(device)
     opt = make_optimizer(torch, name, model.parameters(), args.lr)
-    warm = max(1, args.steps // 10)
-
-    def lr_at(step):  # linear warm-up, then cosine decay to 10% of the peak: a new lr on every step
-        if step < warm:
-            return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, args.steps))
     gen = torch.Generator().manual_seed(args.seed + 1)
 
     def batch(src, g):
-        ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
-        x = torch.stack([src[i: i + args.context] for i in ix])
-        y = torch.stack([src[i + 1: i + args.context + 1] for i in ix])
-        return x.to(device), y.to(device)
+        return sample_batch(torch, src, g, args, device)
 
     val_gen = torch.Generator().manual_seed(args.seed + 2)
     val_batches = [batch(val_data, val_gen) for _ in range(args.val_batches)]
