@@ -154,7 +154,14 @@ LBOPT_API lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment mome
                                                torch) but never a quantized state (stored as 0 there) */
 #define LBOPT_FLAG_NESTEROV 0x20u           /* SGD (lbopt_step only): Nesterov momentum; needs momentum > 0
                                                and dampening = 0. Since 0.3 */
-#define LBOPT_FLAGS_ALL 0x1Fu               /* the flags lbopt_adamw_config knows */
+#define LBOPT_FLAG_STATE_STOCHASTIC_ROUND 0x40u /* round the codes of quantized first-moment states (exp_avg, SGD's
+                                                  momentum, AdEMAMix's m1 and m2) stochastically, unbiased (keyed
+                                                  by seed, step, state, element); second moments always round to
+                                                  nearest. Since 0.4 */
+#define LBOPT_FLAG_STATE_NEAREST_ROUND 0x80u /* round them to nearest. Neither flag: the default of the optimizer
+                                               and kind, stochastic for SGD, Lion and AdEMAMix with 4-bit and FP8
+                                               states, nearest otherwise; both: refused. Since 0.4 */
+#define LBOPT_FLAGS_ALL 0xDFu               /* the flags lbopt_adamw_config knows */
 
 typedef struct lbopt_adamw_config {
   uint32_t struct_size;       /* sizeof(lbopt_adamw_config); set by lbopt_adamw_config_init */
@@ -261,7 +268,8 @@ typedef struct lbopt_optimizer_config {
   lbopt_optimizer optimizer;
   lbopt_state_kind state_kind; /* default LBOPT_STATE_4BIT */
   uint32_t flags;              /* LBOPT_FLAG_*: ADAM_COUPLED_DECAY and AMSGRAD for AdamW only, NESTEROV for SGD
-                                  only; MAXIMIZE, BF16_STOCHASTIC_ROUND and SKIP_NONFINITE for all */
+                                  only; MAXIMIZE, BF16_STOCHASTIC_ROUND, SKIP_NONFINITE, STATE_STOCHASTIC_ROUND
+                                  and STATE_NEAREST_ROUND for all; default 0 */
   uint64_t seed;               /* stochastic rounding key, default 0 */
   double beta1;                /* [0, 1). AdamW 0.9, Lion 0.9, AdEMAMix 0.9 (the fast EMA) */
   double beta2;                /* [0, 1). AdamW 0.999, Lion 0.99 (the momentum's EMA), AdEMAMix 0.999 */
@@ -311,7 +319,7 @@ typedef struct lbopt_field_info {
 } lbopt_field_info;
 
 /* The fields and flags `optimizer` reads beyond state_kind, seed and the flags every optimizer reads (MAXIMIZE,
- * BF16_STOCHASTIC_ROUND, SKIP_NONFINITE): *n_fields entries at *fields (static storage), fields first, in the
+ * BF16_STOCHASTIC_ROUND, SKIP_NONFINITE, STATE_STOCHASTIC_ROUND, STATE_NEAREST_ROUND): *n_fields entries at *fields (static storage), fields first, in the
  * order of its registry step operators' attributes. Rules across fields (SGD's Nesterov needs momentum > 0 and
  * dampening = 0; AdEMAMix's beta3 warm-up needs beta1 > 0 and beta3 > 0) are lbopt_optimizer_config_validate's.
  * Since 0.4. */

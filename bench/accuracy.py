@@ -6,7 +6,7 @@ low-bit optimizers where they exist, so that a gap shows as the format's or lbop
 usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \\
        python3 bench/accuracy.py [--tasks charlm,regression] [--optimizers adamw,sgd,lion,ademamix]
        [--seeds 3] [--charlm-steps 1000] [--regression-steps 150] [--jobs 2] [--device cpu] [--json PATH]
-       [--no-peers] [--variants fp32,4-bit,...] [--skip 'adamw:torchao 8-bit,...']
+       [--no-peers] [--variants 'fp32,4-bit,4-bit (nearest),...'] [--skip 'adamw:torchao 8-bit,...']
 
 Tasks:
 - charlm: the demo's character-level transformer (python -m lbopt.demo: 0.83M params, the Debian fortunes corpus)
@@ -37,6 +37,9 @@ OPTIMIZERS = {
     "ademamix": ("AdEMAMix", 3e-3, 2e-3, dict(weight_decay=0.01)),
 }
 KINDS = {"fp32": "", "8-bit": "8bit", "FP8": "Fp8", "4-bit": "4bit"}
+# a quantized kind with its first-moment codes rounded one way (state_stochastic_round), where the plain kind takes
+# the library's default: "4-bit (nearest)", "8-bit (stochastic)"
+ROUNDINGS = {"nearest": False, "stochastic": True}
 # optimizer -> [(variant, package, class)]: the peers' low-bit versions of it
 PEERS = {
     "adamw": [("torchao 4-bit", "torchao.optim", "AdamW4bit"), ("torchao 8-bit", "torchao.optim", "AdamW8bit"),
@@ -49,11 +52,14 @@ CHARLM = dict(d_model=128, layers=4, heads=4, context=64, batch=32, max_chars=2_
 
 def make_optimizer(torch, optimizer, variant, params, lr, task):
     stem, _, _, kwargs = OPTIMIZERS[optimizer]
-    if variant in KINDS:
+    kind, _, rounding = variant.rstrip(")").partition(" (")
+    if kind in KINDS:
         import lbopt.torch as lt
 
         extra = dict(min_quant_size=0) if task == "regression" else {}
-        return getattr(lt, stem + KINDS[variant])(params, lr=lr, **kwargs, **extra)
+        if rounding:
+            extra["state_stochastic_round"] = ROUNDINGS[rounding]
+        return getattr(lt, stem + KINDS[kind])(params, lr=lr, **kwargs, **extra)
     package, cls = next((p, c) for v, p, c in PEERS[optimizer] if v == variant)
     module = __import__(package, fromlist=[cls])
     if package.startswith("torchao"):
@@ -130,7 +136,8 @@ def run(job):
 
 
 def variants(optimizer, peers):
-    return list(KINDS) + ([v for v, _, _ in PEERS.get(optimizer, [])] if peers else [])
+    return ([*KINDS, *(f"{k} ({r})" for k in KINDS if k != "fp32" for r in ROUNDINGS)]
+            + ([v for v, _, _ in PEERS.get(optimizer, [])] if peers else []))
 
 
 def table(task, optimizers, results, peers):

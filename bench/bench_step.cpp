@@ -5,7 +5,10 @@
 //                   (threads 0 = all; sizes take K/M suffixes; --isa restricts Highway's runtime dispatch to one
 //                   instruction set the CPU supports; optimizers default to all four, so that every default run
 //                   gives each one's ratio to AdamW; SGD runs with momentum 0.9; amsgrad is AdamW with
-//                   LBOPT_FLAG_AMSGRAD, a third state)
+//                   LBOPT_FLAG_AMSGRAD, a third state; a name ending in /nearest or /stochastic sets
+//                   LBOPT_FLAG_STATE_NEAREST_ROUND or LBOPT_FLAG_STATE_STOCHASTIC_ROUND, where a plain name keeps
+//                   the default of the optimizer and kind: "sgd,sgd/nearest" gives the cost of the stochastic
+//                   rounding of 4-bit and FP8 codes)
 // Per optimizer, state kind, param dtype (grads the same), size and thread count: ns per element, effective GB/s
 // (the bytes of docs/formats.md, "Bytes a step moves": param read+write, grad read, every state read+written), the
 // ratio to the roofline's GB/s (see roofline()), measured with the same footprint and threads, and the ratio of
@@ -174,7 +177,16 @@ struct Row {
   Roofline roof;
 };
 
-// amsgrad: AdamW with LBOPT_FLAG_AMSGRAD (a third state, vmax), the row named "amsgrad".
+int find_name(const char* (*name)(int), const std::string& s) {
+  for (int i = 0; name(i); ++i)
+    if (s == name(i)) return i;
+  fprintf(stderr, "unknown name %s\n", s.c_str());
+  exit(2);
+}
+
+const char* kind_name(int i) { return lbopt_state_kind_name(lbopt_state_kind(i)); }
+const char* optimizer_name(int i) { return lbopt_optimizer_name(lbopt_optimizer(i)); }
+
 DLDataType dtype_named(const std::string& name) {
   if (name == "bf16") return {kDLBfloat, 16, 1};
   if (name == "fp16") return {kDLFloat, 16, 1};
@@ -185,10 +197,10 @@ DLDataType dtype_named(const std::string& name) {
   return {kDLFloat, 32, 1};
 }
 
-// param: the dtype of the params and grads ("fp32", "bf16" or "fp16"), or of each ("fp32+bf16": fp32 params with
-// bf16 grads).
-Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& param, int64_t n, int reps,
-        Team& team) {
+// name: an optimizer, or "amsgrad" (AdamW with LBOPT_FLAG_AMSGRAD: a third state, vmax), with an optional
+// "/nearest" or "/stochastic" (the rounding of the first-moment codes). param: the dtype of the params and grads
+// ("fp32", "bf16" or "fp16"), or of each ("fp32+bf16": fp32 params with bf16 grads).
+Row run(const std::string& name, int kind, const std::string& param, int64_t n, int reps, Team& team) {
   const DLDataType f32{kDLFloat, 32, 1};
   const size_t plus = param.find('+');
   const DLDataType dt = dtype_named(param.substr(0, plus));
@@ -197,11 +209,20 @@ Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& pa
   std::vector<uint8_t> p(size_t(n) * elem), g(size_t(n) * grad_elem);
   fill(p, dt, 0.1f, 1);
   fill(g, gdt, 0.01f, 2);
+  const size_t slash = name.find('/');
+  const std::string base = name.substr(0, slash), rounding = slash == std::string::npos ? "" : name.substr(slash + 1);
+  const bool amsgrad = base == "amsgrad";
   lbopt_optimizer_config cfg;
-  lbopt_optimizer_config_init(&cfg, sizeof cfg, optimizer);
+  lbopt_optimizer_config_init(&cfg, sizeof cfg, lbopt_optimizer(find_name(optimizer_name, amsgrad ? "adamw" : base)));
   cfg.state_kind = lbopt_state_kind(kind);
   cfg.weight_decay = 0.01;
   if (amsgrad) cfg.flags |= LBOPT_FLAG_AMSGRAD;
+  if (rounding == "stochastic") cfg.flags |= LBOPT_FLAG_STATE_STOCHASTIC_ROUND;
+  else if (rounding == "nearest") cfg.flags |= LBOPT_FLAG_STATE_NEAREST_ROUND;
+  else if (!rounding.empty()) {
+    fprintf(stderr, "unknown rounding %s\n", rounding.c_str());
+    exit(2);
+  }
   lbopt_state_info infos[LBOPT_MAX_STATES];
   size_t n_states = 0;
   if (lbopt_optimizer_states(&cfg, infos, &n_states) != LBOPT_OK) {
@@ -235,21 +256,12 @@ Row run(lbopt_optimizer optimizer, bool amsgrad, int kind, const std::string& pa
   const double t = best_of(reps, one);
   const double bytes = double(n) * double(2 * elem + grad_elem) +
                        double(n_states) * (2.0 * double(l.codes_bytes) + 8.0 * double(sn));
-  Row r{amsgrad ? "amsgrad" : lbopt_optimizer_name(optimizer), lbopt_state_kind_name(lbopt_state_kind(kind)),
-        param, n, lbopt_get_num_threads(), t / double(n) * 1e9, bytes / t / 1e9, {}};
+  Row r{name, lbopt_state_kind_name(lbopt_state_kind(kind)), param, n, lbopt_get_num_threads(),
+        t / double(n) * 1e9, bytes / t / 1e9, {}};
   r.roof = roofline(team, size_t(bytes), reps);
   return r;
 }
 
-int find_name(const char* (*name)(int), const std::string& s) {
-  for (int i = 0; name(i); ++i)
-    if (s == name(i)) return i;
-  fprintf(stderr, "unknown name %s\n", s.c_str());
-  exit(2);
-}
-
-const char* kind_name(int i) { return lbopt_state_kind_name(lbopt_state_kind(i)); }
-const char* optimizer_name(int i) { return lbopt_optimizer_name(lbopt_optimizer(i)); }
 
 }  // namespace
 
@@ -285,7 +297,7 @@ int main(int argc, char** argv) {
   FILE* out = csv ? fopen(csv, "w") : nullptr;
   if (out) fprintf(out, "optimizer,kind,param,numel,threads,ns_per_elem,gbs,memcpy_gbs,inplace_gbs\n");
   printf("cpu kernels: %s\n", lbopt_build_info());
-  printf("%-9s %-5s %-5s %11s %4s %9s %8s %8s %8s %9s %8s\n", "optimizer", "state", "param", "numel", "thr",
+  printf("%-17s %-5s %-5s %11s %4s %9s %8s %8s %8s %9s %8s\n", "optimizer", "state", "param", "numel", "thr",
          "ns/elem", "GB/s", "memcpy", "x+=y", "vs roof", "vs adamw");
   for (const std::string& th : threads) {
     if (lbopt_set_num_threads(atoi(th.c_str())) != LBOPT_OK) return 1;
@@ -295,13 +307,11 @@ int main(int argc, char** argv) {
         for (const std::string& pd : params) {
           double adamw_ns = 0;
           for (const std::string& o : optimizers) {
-            const bool amsgrad = o == "amsgrad";
-            const Row r = run(lbopt_optimizer(find_name(optimizer_name, amsgrad ? "adamw" : o)), amsgrad,
-                              find_name(kind_name, k), pd, parse_size(size), reps, team);
+            const Row r = run(o, find_name(kind_name, k), pd, parse_size(size), reps, team);
             if (r.optimizer == "adamw") adamw_ns = r.ns;
             char vs[16] = "";
             if (adamw_ns > 0) snprintf(vs, sizeof vs, "%.2fx", r.ns / adamw_ns);
-            printf("%-9s %-5s %-5s %11lld %4d %9.3f %8.2f %8.2f %8.2f %8.1f%% %8s\n", r.optimizer.c_str(),
+            printf("%-17s %-5s %-5s %11lld %4d %9.3f %8.2f %8.2f %8.2f %8.1f%% %8s\n", r.optimizer.c_str(),
                    r.kind.c_str(), r.param.c_str(), (long long)r.numel, r.threads, r.ns, r.gbs, r.roof.memcpy_gbs,
                    r.roof.inplace_gbs, 100.0 * r.gbs / r.roof.best(), vs);
             fflush(stdout);

@@ -52,7 +52,39 @@ struct Codec {
   }
 
   LBOPT_HD float decode(uint32_t code, float scale) const { return K::decode_value(code, values) * scale; }
+
+  // Stochastic rounding (LBOPT_FLAG_STATE_STOCHASTIC_ROUND), from x's nearest code `code` (encode's) in a block
+  // of scale `scale`: of the two codes around x, lo and hi with decoded values v_lo <= x < v_hi, hi with
+  // probability (x - v_lo) / (v_hi - v_lo) (taken as u (v_hi - v_lo) < x - v_lo, with u the top 24 bits of r over
+  // 2^24), so that the decoded value is x on average. A state that moves by less than half a code step per step
+  // keeps its nearest code forever; rounded so, it drifts as its float would. In x, not in x / scale: no
+  // division, and the values are decode's. Every operation rounds once and none can be fused: the same code on
+  // every backend. An exact value, or one past the end of the map, keeps its code.
+  LBOPT_HD uint32_t round_stochastic(uint32_t code, float x, float scale, uint32_t r) const {
+    const float v = decode(code, scale);
+    if (x == v) return code;
+    const bool up = x > v;
+    const uint32_t next = K::next_code(code, up);
+    if (next == code) return code;
+    const float w = decode(next, scale);
+    const float v_lo = up ? v : w, v_hi = up ? w : v;
+    const float u = float(r >> 8) * 0x1p-24f;
+    return u * (v_hi - v_lo) < x - v_lo ? (up ? next : code) : (up ? code : next);
+  }
 };
+
+// The random bits of stochastic code rounding for the elements of one block of one state: a key per (seed, step,
+// state, block) from random_bits, then per element (its index i in the block) a Weyl sequence, one xorshift and
+// one multiply (the first round of murmur3's finalizer), which vectors compute lane by lane. round_stochastic
+// reads the top 24 bits, which the multiply makes depend on every bit of its input. The same bits whatever the
+// thread split or backend.
+LBOPT_HD uint32_t state_round_key(uint64_t seed, int64_t step, int state, int64_t block) {
+  return uint32_t(random_bits(seed ^ (uint64_t(state + 1) * 0x2545F4914F6CDD1Dull), uint64_t(step), uint64_t(block)));
+}
+LBOPT_HD uint32_t state_round_bits(uint32_t key, uint32_t i) {
+  const uint32_t h = key + i * 0x9E3779B9u;
+  return (h ^ (h >> 16)) * 0x85EBCA6Bu;
+}
 
 // Where the codebooks live: host arrays for the CPU, shared memory for the GPU.
 struct CodebookTables {

@@ -51,6 +51,8 @@ struct KindDefaults {
   static constexpr float range = 1.0f;        // the value a block's absmax encodes to: scale = absmax / range
   static constexpr bool reciprocal = false;   // the encode takes x * RN(1 / scale) rather than x / scale
   static constexpr bool zero_code = false;    // a second moment's map has a code for 0 (which a v > 0 must not take)
+  // The first-moment codes round stochastically by default where the optimizer asks for it (kStochasticStates)
+  static constexpr bool stochastic_codes = false;
 };
 
 // A kind whose codes index codebooks of kEntries values (the nearest value, by codebook_encode's search).
@@ -59,6 +61,10 @@ struct CodebookKind : KindDefaults {
   static constexpr uint32_t entries = kEntries;
   LBOPT_HD static uint32_t encode_value(float y, const float* mids) { return codebook_encode(mids, kEntries, y); }
   LBOPT_HD static float decode_value(uint32_t code, const float* values) { return values[code]; }
+  // The next code in value order, up or down; code itself at the map's end.
+  LBOPT_HD static uint32_t next_code(uint32_t code, bool up) {
+    return up ? (code + 1 < kEntries ? code + 1 : code) : (code > 0 ? code - 1 : code);
+  }
 };
 
 struct Kind4Bit : CodebookKind<16> {
@@ -68,6 +74,7 @@ struct Kind4Bit : CodebookKind<16> {
   static constexpr int64_t block = 128;       // elements per scale (torchao's)
   static constexpr int64_t work_block = block;
   static constexpr int code_bits = 4;         // element 2i in the high nibble, 2i + 1 in the low one (torchao's)
+  static constexpr bool stochastic_codes = true;
 };
 
 struct Kind8Bit : CodebookKind<256> {
@@ -81,6 +88,8 @@ struct Kind8Bit : CodebookKind<256> {
   // share of its time (docs/formats.md, "Encoding and decoding")
   static constexpr bool reciprocal = true;
   static constexpr bool zero_code = true;     // the unsigned dynamic map's code 0 is 0
+  // stochastic_codes: no. Its steps are fine enough that SGD, Lion and AdEMAMix train as with fp32 states rounded
+  // to nearest, and the neighbouring values cost two gathers per vector (docs/optimizers.md)
 };
 
 struct KindFp8 : KindDefaults {
@@ -92,8 +101,16 @@ struct KindFp8 : KindDefaults {
   static constexpr int code_bits = 8;
   static constexpr float range = 448.0f;      // e4m3's largest finite value
   static constexpr bool zero_code = true;
+  static constexpr bool stochastic_codes = true;
   LBOPT_HD static uint32_t encode_value(float y, const float*) { return fp8_e4m3_encode(y); }
   LBOPT_HD static float decode_value(uint32_t code, const float*) { return fp8_e4m3_decode(uint8_t(code)); }
+  // The next code in value order, up or down (sign and magnitude: up is away from 0 for a positive code); code
+  // itself at +-448. Never asked to cross 0: a code's sign is its value's.
+  LBOPT_HD static uint32_t next_code(uint32_t code, bool up) {
+    const uint32_t mag = code & 0x7fu;
+    const bool away = up == ((code & 0x80u) == 0);
+    return (code & 0x80u) | (away ? (mag < 0x7eu ? mag + 1 : mag) : (mag > 0 ? mag - 1 : mag));
+  }
 };
 
 struct KindFp32 : KindDefaults {

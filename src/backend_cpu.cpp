@@ -75,7 +75,8 @@ lbopt_status cpu_step(const StepPlan& plan) {
   }
 
   StepRun run{&plan, &make_tasks(plan, skip),
-              {plan.hyper, plan.kind, (plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND) != 0, plan.seed}};
+              {plan.hyper, plan.kind, (plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND) != 0,
+               plan.stochastic_states, plan.seed}};
   parallel_for(int64_t(run.tasks->size()), [](void* ctx, int64_t t) {
     auto* r = static_cast<StepRun*>(ctx);
     const Task& task = (*r->tasks)[size_t(t)];

@@ -34,11 +34,14 @@ constexpr ConfigField kConfigFields[] = {
     {"maximize", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_MAXIMIZE},
     {"bf16_stochastic_round", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
     {"skip_nonfinite", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_SKIP_NONFINITE},
+    {"state_stochastic_round", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_STATE_STOCHASTIC_ROUND},
+    {"state_nearest_round", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_STATE_NEAREST_ROUND},
     {"seed", LBOPT_ATTR_INT64},  // the only integer field
 };
 
 // The flags every optimizer reads.
-constexpr const char* kCommonFlagNames[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite"};
+constexpr const char* kCommonFlagNames[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite",
+                                            "state_stochastic_round", "state_nearest_round"};
 
 constexpr bool same(const char* a, const char* b) {
   while (*a && *a == *b) ++a, ++b;

@@ -22,4 +22,15 @@ inline lbopt_optimizer_config default_config(lbopt_optimizer optimizer) {
   return c;
 }
 
+// Whether a step's first-moment codes round stochastically: as flags say (LBOPT_FLAG_STATE_STOCHASTIC_ROUND or
+// LBOPT_FLAG_STATE_NEAREST_ROUND), else where both the optimizer (Opt::kStochasticStates) and the kind
+// (K::stochastic_codes) choose it.
+inline bool stochastic_states(uint32_t flags, int optimizer, int kind) {
+  if (flags & LBOPT_FLAG_STATE_STOCHASTIC_ROUND) return true;
+  if (flags & LBOPT_FLAG_STATE_NEAREST_ROUND) return false;
+  return with_optimizer(optimizer, [kind](auto opt) {
+    return decltype(opt)::kStochasticStates && with_kind(kind, [](auto k) { return decltype(k)::stochastic_codes; });
+  });
+}
+
 }  // namespace lbopt

@@ -22,6 +22,7 @@ struct StepPlan {
   int kind = 0;
   Hyper hyper;
   uint32_t flags = 0;
+  bool stochastic_states = false;  // the first-moment codes round stochastically (defaults.h's stochastic_states)
   uint64_t seed = 0;
   double lr = 0;
   std::vector<StepSlot> slots;

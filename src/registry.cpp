@@ -119,14 +119,15 @@ const lbopt_op_info kFixedOps[kNumFixedOps] = {
 // under its kStateless setting, the attributes from its descriptor (its params, then its flags; types from
 // kConfigFields, defaults from default_config). Tensors: param, grad, (codes, scales) per state, [lr, step,]
 // skipped; attributes: [lr, step,] the optimizer's own, then kCommonAttrs.
-constexpr const char* kCommonAttrs[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite", "seed"};
+constexpr const char* kCommonAttrs[] = {"maximize", "bf16_stochastic_round", "skip_nonfinite",
+                                        "state_stochastic_round", "state_nearest_round", "seed"};
 
 constexpr size_t kNumKinds = kNumStateKinds;  // state_kinds.h's count, as the size_t the op tables index by
 constexpr size_t kNumFamilies = size_t(kNumOptimizers) - 1;  // every optimizer but AdamW (id 0)
 constexpr size_t kOpsPerFamily = 2 * kNumKinds;  // by-value, then capturable, each for every kind
 constexpr size_t kOpCount = kNumFixedOps + kNumFamilies * kOpsPerFamily;
 
-constexpr size_t kMaxAttrs = 16;
+constexpr size_t kMaxAttrs = 20;
 
 // The step attributes of an optimizer: lr and step, its descriptor's params, then its flags, then kCommonAttrs,
 // with the types of kConfigFields and the defaults of default_config.

@@ -349,6 +349,10 @@ lbopt_status check_config(const lbopt_optimizer_config* c) {
   if (c->flags & ~kKnownFlags)
     return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", c->flags,
                 c->flags & ~kKnownFlags);
+  constexpr uint32_t kRoundings = LBOPT_FLAG_STATE_STOCHASTIC_ROUND | LBOPT_FLAG_STATE_NEAREST_ROUND;
+  if ((c->flags & kRoundings) == kRoundings)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x: LBOPT_FLAG_STATE_STOCHASTIC_ROUND and "
+                "LBOPT_FLAG_STATE_NEAREST_ROUND exclude each other", c->flags);
   return with_optimizer(int(c->optimizer), [c](auto opt) { return check_optimizer_fields<decltype(opt)>(*c); });
 }
 
@@ -576,6 +580,7 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool
   plan->kind = kind;
   plan->hyper = hyper;
   plan->flags = config->flags;
+  plan->stochastic_states = stochastic_states(config->flags, config->optimizer, kind);
   plan->seed = config->seed;
   plan->state_fields = state_fields;
   LBOPT_TRY(backend_for(plan->device).check_step(*plan));

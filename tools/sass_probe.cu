@@ -2,7 +2,9 @@
 // of its SASS instructions (tools/sass_count.py compiles this file and reads the loop of each probe kernel).
 // The library's step kernel holds every dtype path and the checked tail in one function; here each probe runs
 // step_block<..., FULL = true> in a grid-stride loop with the dtypes fixed at compile time, so the compiler keeps
-// that one path: the loop's body is what a warp executes per block in the steady state.
+// that one path: the loop's body is what a warp executes per block in the steady state. The rounding of the states'
+// codes is each optimizer's and kind's default, fixed at compile time (stochastic for SGD, Lion and AdEMAMix on
+// 4-bit and FP8 states).
 #include "../kernels/cuda/step_kernels.cu"
 
 namespace lbopt::cuda {
@@ -22,6 +24,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
   constexpr int kBytes = kParam == kFloat32 ? 4 : 2;
   for (int64_t w = warps.first; w < n_blocks; w += warps.count) {
     BlockArgs<Opt, K> k = args;
+    k.block = w;
     k.start = w * G::kBlock;
     k.n = G::kBlock;
     k.param_dtype = k.grad_dtype = kParam;
@@ -32,7 +35,8 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[s] = s < kProbeStates<Opt> ? G::codes_at(args.codes[s], k.start) : nullptr;
       k.scales[s] = !K::float_codes && s < kProbeStates<Opt> ? args.scales[s] + w : nullptr;
     }
-    step_block<Opt, K, true>(k, codecs, kProbeStates<Opt>, sr, seed, lane);
+    step_block<Opt, K, true>(k, codecs, kProbeStates<Opt>, sr, Opt::kStochasticStates && K::stochastic_codes, seed,
+                             lane);
   }
 }
 

@@ -13,6 +13,7 @@ struct StepFlags {
   Hyper hyper;            // the optimizer and what selects its states (the numbers are in the slots' scalars)
   int kind;
   bool stochastic_round;  // bfloat16 params only
+  bool state_stochastic_round;  // the codes of quantized first-moment states (Codec::round_stochastic)
   uint64_t seed;
 };
 

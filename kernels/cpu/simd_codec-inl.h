@@ -192,17 +192,99 @@ HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
 #endif
 }
 
+// dtype_convert.h's state_round_bits for the elements i0 .. i0 + lanes - 1 of a block, lane by lane.
+HWY_INLINE VU state_round_bits_vec(uint32_t key, int64_t i0) {
+  const DU du;
+  // (i0 + j) g + key as j g, a constant, plus one broadcast
+  const auto h = hn::Add(hn::Mul(hn::Iota(du, 0u), hn::Set(du, 0x9E3779B9u)),
+                         hn::Set(du, key + uint32_t(i0) * 0x9E3779B9u));
+  return hn::Mul(hn::Xor(h, hn::ShiftRight<16>(h)), hn::Set(du, 0x85EBCA6Bu));
+}
+
+// Codec::decode of each lane's code in a block of scale `scale` (4-bit: `scaled`, scale_table's table of it), and
+// K::next_code.
+template <class K>
+HWY_INLINE VF code_value(const SimdCodec<K>& sc, VI c, VF scale, const Table16& scaled) {
+  if constexpr (K::code_bits == 4) return lookup16(scaled, c);
+  else if constexpr (std::is_same_v<K, KindFp8>) return hn::Mul(fp8_decode(hn::BitCast(DU(), c)), scale);
+  else return hn::Mul(hn::GatherIndex(DF(), sc.c.values, c), scale);
+}
+template <class K>
+HWY_INLINE VI next_code_vec(VI c, hn::Mask<DI> up) {
+  const DI di;
+  if constexpr (std::is_same_v<K, KindFp8>) {
+    const auto sign = hn::And(c, hn::Set(di, 0x80)), mag = hn::And(c, hn::Set(di, 0x7f));
+    const auto away = hn::Xor(up, hn::Eq(sign, hn::Zero(di)));  // up toward a positive code's larger magnitude
+    const auto out = hn::Min(hn::Add(mag, hn::Set(di, 1)), hn::Set(di, 0x7e));
+    const auto in = hn::Max(hn::Sub(mag, hn::Set(di, 1)), hn::Zero(di));
+    return hn::Or(sign, hn::IfThenElse(away, in, out));
+  } else {
+    const auto next = hn::Min(hn::Add(c, hn::Set(di, 1)), hn::Set(di, int32_t(K::entries) - 1));
+    return hn::IfThenElse(up, next, hn::Max(hn::Sub(c, hn::Set(di, 1)), hn::Zero(di)));
+  }
+}
+
+// round_stochastic's u from random bits r.
+HWY_INLINE VF random_unit(VU r) {
+  const DF df;
+  return hn::Mul(hn::ConvertTo(df, hn::BitCast(DI(), hn::ShiftRight<8>(r))), hn::Set(df, 0x1p-24f));
+}
+
+// Codec::round_stochastic of the lanes' nearest codes c of x, with random bits r.
+template <class K>
+HWY_INLINE VI round_stochastic_vec(const SimdCodec<K>& sc, VI c, VF x, VF scale, const Table16& scaled, VU r) {
+  const DI di;
+  const auto v = code_value(sc, c, scale, scaled);
+  const auto up = hn::Gt(x, v);
+  const auto next = next_code_vec<K>(c, hn::RebindMask(di, up));
+  const auto w = code_value(sc, next, scale, scaled);
+  const auto v_lo = hn::IfThenElse(up, v, w), v_hi = hn::IfThenElse(up, w, v);
+  const auto take = hn::RebindMask(di, hn::Lt(hn::Mul(random_unit(r), hn::Sub(v_hi, v_lo)), hn::Sub(x, v_lo)));
+  const auto upi = hn::RebindMask(di, up);
+  const auto rounded = hn::IfThenElse(take, hn::IfThenElse(upi, next, c), hn::IfThenElse(upi, c, next));
+  return hn::IfThenElse(hn::RebindMask(di, hn::Eq(x, v)), c, rounded);  // (x == v keeps c, and next == c too)
+}
+
+// A 4-bit block's tables for round_stochastic: its decoded values, and the gap from each code to the next one up
+// (+inf at the top code, where u * inf is never below a distance). Each gap is the difference round_stochastic
+// takes, so the tables give its bits.
+struct Gaps4 {
+  Table16 scaled, up;
+  template <class K>
+  HWY_INLINE void init(const SimdCodec<K>& sc, float scale) {
+    scale_table(sc, scale, scaled);
+    for (int c = 0; c < 16; ++c) up.t[c] = c < 15 ? scaled.t[c + 1] - scaled.t[c] : HUGE_VALF;
+  }
+};
+
+// round_stochastic_vec of a 4-bit code c: lo is c, or c - 1 where x lies below c's value (never below code 0: a
+// value under the map's bottom stays there, since x - v_lo < 0), and hi = lo + 1 is taken with the gap up from lo.
+HWY_INLINE VI round_stochastic4(const Gaps4& g, VI c, VF x, VU r) {
+  const DI di;
+  const auto below = hn::RebindMask(di, hn::Lt(x, lookup16(g.scaled, c)));
+  const auto lo = hn::Max(hn::Sub(c, hn::IfThenElseZero(below, hn::Set(di, 1))), hn::Zero(di));
+  const auto t = hn::Sub(x, lookup16(g.scaled, lo));
+  const auto take = hn::RebindMask(di, hn::Lt(hn::Mul(random_unit(r), lookup16(g.up, lo)), t));
+  return hn::Add(lo, hn::IfThenElseZero(take, hn::Set(di, 1)));
+}
+
 // Requantizes a block of a state from x (finite values) with the block's absmax, a vector at a time, so that the
 // step can run a block's encode inside the next block's update loop (**pipelined encode**).
 template <class K>
 class BlockEncoder {
  public:
-  // Starts on block b of state st, whose first element is start; x: the block's values.
-  HWY_INLINE void init(const SimdCodec<K>& sc, StateRef st, int64_t b, int64_t start, const float* x, float absmax) {
+  // Starts on block b of state st, whose first element is start; x: the block's values. random_key: the block's
+  // state_round_key where its codes round stochastically (a first moment), else NULL.
+  HWY_INLINE void init(const SimdCodec<K>& sc, StateRef st, int64_t b, int64_t start, const float* x, float absmax,
+                       const uint32_t* random_key = nullptr) {
+    sc_ = &sc;
+    sr_ = random_key != nullptr;
+    key_ = sr_ ? *random_key : 0u;
     codes_ = static_cast<uint8_t*>(st.codes) + state_byte<K>(start);
     x_ = x;
     scale_ = sc.c.block_scale(absmax);
     st.scales[b] = scale_.scale;
+    if (K::code_bits == 4 && sr_) gaps_.init(sc, scale_.scale);
 #if LBOPT_ENCODE4_IN_X
     if constexpr (K::code_bits == 4) thresholds_.init(sc.c.second, scale_.scale);
 #endif
@@ -216,7 +298,8 @@ class BlockEncoder {
     const DU du;
     const auto xi = hn::Load(df, x_ + i);
     const auto yi = encode_input(xi);
-    const VI c = codes_of<kSecond>(xi, yi);
+    VI c = codes_of<kSecond>(xi, yi);
+    if (!kSecond && sr_) c = stochastic(c, xi, i);
     if constexpr (K::code_bits == 4) {
       if (kOdd) pack4<kSecond>(even_, c, codes_ + ((i - int64_t(hn::Lanes(df))) >> 1));
       else hn::Store(c, DI(), even_);
@@ -245,6 +328,15 @@ class BlockEncoder {
     return hn::Div(xi, hn::Set(df, scale_.scale));
   }
 
+  // Codec::round_stochastic of the nearest codes c of vector i, whose values are xi.
+  HWY_INLINE VI stochastic(VI c, VF xi, int64_t i) const {
+    const VU r = state_round_bits_vec(key_, i);
+    if constexpr (K::code_bits == 4)  // Encode4Signed's codes < 0 are code 0 (pack4)
+      return round_stochastic4(gaps_, hn::Max(c, hn::Zero(DI())), xi, r);
+    else
+      return round_stochastic_vec(*sc_, c, xi, hn::Set(DF(), scale_.scale), gaps_.scaled, r);
+  }
+
   // The codes of x (4-bit in x) or of y = encode_input(x), before the zero guard.
   template <bool kSecond>
   HWY_INLINE VI codes_of(VF xi, VF yi) const {
@@ -265,6 +357,10 @@ class BlockEncoder {
     }
   }
 
+  const SimdCodec<K>* sc_ = nullptr;
+  bool sr_ = false;
+  uint32_t key_ = 0;
+  Gaps4 gaps_;  // 4-bit, rounding stochastically
   uint8_t* codes_ = nullptr;  // the block's first code byte
   const float* x_ = nullptr;
   typename Codec<K>::BlockScale scale_{};

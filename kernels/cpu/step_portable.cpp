@@ -39,9 +39,11 @@ void load_state(const Codec<K>& codec, StateRef st, int64_t block, int64_t start
   }
 }
 
-// Quantize n values (a whole block) with a fresh absmax scale; non-finite values are stored as 0.
+// Quantize n values (a whole block) with a fresh absmax scale; non-finite values are stored as 0. random_key: the
+// block's state_round_key where its codes round stochastically, else NULL.
 template <class K>
-void store_state(const Codec<K>& codec, StateRef st, int64_t block, int64_t start, int64_t n, const float* in) {
+void store_state(const Codec<K>& codec, StateRef st, int64_t block, int64_t start, int64_t n, const float* in,
+                 const uint32_t* random_key = nullptr) {
   if constexpr (K::float_codes) {
     memcpy(static_cast<float*>(st.codes) + start, in, size_t(n) * sizeof(float));
   } else {
@@ -50,7 +52,13 @@ void store_state(const Codec<K>& codec, StateRef st, int64_t block, int64_t star
     const auto scale = codec.block_scale(absmax);
     st.scales[block] = scale.scale;
     uint8_t* codes = static_cast<uint8_t*>(st.codes);
-    const auto code = [&](int64_t i) { return i < n ? codec.encode(finite_or_zero(in[i]), scale) : 0u; };
+    const auto code = [&](int64_t i) {
+      if (i >= n) return 0u;
+      const float x = finite_or_zero(in[i]);
+      const uint32_t c = codec.encode(x, scale);
+      if (!random_key) return c;
+      return codec.round_stochastic(c, x, scale.scale, state_round_bits(*random_key, uint32_t(i)));
+    };
     if constexpr (K::code_bits == 4) {  // start is even; an odd tail leaves the last low nibble 0
       for (int64_t i = 0; i < n; i += 2) codes[(start + i) >> 1] = uint8_t((code(i) << 4) | code(i + 1));
     } else {
@@ -89,7 +97,11 @@ void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begi
         P::store(param, e, p);
       }
     }
-    for (int k = 0; k < n_states; ++k) store_state(codec[k], slot.states[k], b, start, n, st[k]);
+    for (int k = 0; k < n_states; ++k) {
+      const bool sr_codes = flags.state_stochastic_round && !codec[k].second;
+      const uint32_t key = sr_codes ? state_round_key(flags.seed, slot.step, k, b) : 0u;
+      store_state(codec[k], slot.states[k], b, start, n, st[k], sr_codes ? &key : nullptr);
+    }
   }
 }
 

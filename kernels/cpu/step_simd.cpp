@@ -90,6 +90,7 @@ class StepLoop {
         grad_(slot.grad),
         numel_(slot.numel),
         round_(param_round(pdt(), flags)),
+        state_sr_(flags.state_stochastic_round),
         seed_(flags.seed),
         step_(uint64_t(slot.step)),
         grad_factor_(slot.grad_factor) {
@@ -257,7 +258,11 @@ class StepLoop {
 
   // The encoders on block b, whose new values are in v_.buf[b % 2].
   HWY_INLINE void start_encoders(int64_t b) {
-    for (int k = 0; k < states(); ++k) enc_[k].init(codec_[k], st_[k], b, b * kBs, v_.buf[b & 1][k], absmax_[k]);
+    for (int k = 0; k < states(); ++k) {
+      const bool sr_codes = state_sr_ && !Opt::second_moment(k);
+      const uint32_t key = sr_codes ? state_round_key(seed_, int64_t(step_), k, b) : 0u;
+      enc_[k].init(codec_[k], st_[k], b, b * kBs, v_.buf[b & 1][k], absmax_[k], sr_codes ? &key : nullptr);
+    }
   }
 
   // Vector i of the encoders' block, for every state (odd: the second vector of a pair).
@@ -292,6 +297,7 @@ class StepLoop {
   const void* grad_;
   int64_t numel_;
   ParamRound round_;
+  bool state_sr_;
   uint64_t seed_, step_;
   float grad_factor_;
   StateRef st_[kMaxStates];

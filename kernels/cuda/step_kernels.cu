@@ -165,11 +165,12 @@ __device__ __forceinline__ const float* warp_thresholds(const Codec<K>& c, float
 
 // Requantize the E values this lane holds of a block of n elements (FULL: n is the block size) whose codes start
 // at codes, with the warp's absmax scale, stored to *scale_out. buckets: both 8-bit maps' bucket tables
-// (shared_encode8), or NULL where the kernel searches the codebook.
+// (shared_encode8), or NULL where the kernel searches the codebook. sr: the codes round stochastically, keyed by
+// the block's state_round_key.
 template <class K, bool FULL, int E>
 __device__ __forceinline__ void store_block(const Codec<K>& c, const Encode8Tables* buckets, void* codes,
                                             float* scale_out, int n, const int (&local)[E], const float (&x)[E],
-                                            int lane) {
+                                            int lane, bool sr = false, uint32_t key = 0) {
   if constexpr (K::float_codes) {
 #pragma unroll
     for (int k = 0; k < E; ++k)
@@ -187,29 +188,32 @@ __device__ __forceinline__ void store_block(const Codec<K>& c, const Encode8Tabl
       static_assert(K::entries == 16 && !K::reciprocal && !K::zero_code, "thresholds in x serve a 4-bit map");
       const float* t = nullptr;
       if constexpr (kEncodeInX) t = warp_thresholds(c, scale.scale, lane);  // (not even compiled when off)
-      const auto code = [&](float v) {
-        if constexpr (kEncodeInX) return codebook_encode(t, 16, v);
-        else return c.encode(v, scale);
+      const auto code = [&](float v, int l) {
+        uint32_t q;
+        if constexpr (kEncodeInX) q = codebook_encode(t, 16, v);
+        else q = c.encode(v, scale);
+        return sr ? c.round_stochastic(q, v, scale.scale, state_round_bits(key, uint32_t(l))) : q;
       };
 #pragma unroll
       for (int k = 0; k < E; k += 2) {
         if (!FULL && local[k] >= n) continue;
-        const uint32_t hi = code(finite_or_zero(x[k]));
-        const uint32_t lo = FULL || local[k + 1] < n ? code(finite_or_zero(x[k + 1])) : 0u;
+        const uint32_t hi = code(finite_or_zero(x[k]), local[k]);
+        const uint32_t lo = FULL || local[k + 1] < n ? code(finite_or_zero(x[k + 1]), local[k + 1]) : 0u;
         b[local[k] >> 1] = uint8_t((hi << 4) | lo);
       }
     } else {
-      const auto code = [&](float v) {  // Codec::encode, with the encode of y chosen by the build options
+      const auto code = [&](float v, int l) {  // Codec::encode, with the encode of y chosen by the build options
         const float y = c.encode_input(v, scale);
         uint32_t q;
         if constexpr (kBucketEncode<K>) q = codebook8_encode_arith(buckets[c.second ? 1 : 0], y);
         else if constexpr (kCvtEncode<K>) q = fp8_e4m3_encode_cvt(y);
         else q = K::encode_value(y, c.mids);
-        return c.guard_zero(q, y);
+        q = c.guard_zero(q, y);
+        return sr ? c.round_stochastic(q, v, scale.scale, state_round_bits(key, uint32_t(l))) : q;
       };
 #pragma unroll
       for (int k = 0; k < E; ++k)
-        if (FULL || local[k] < n) b[local[k]] = uint8_t(code(finite_or_zero(x[k])));
+        if (FULL || local[k] < n) b[local[k]] = uint8_t(code(finite_or_zero(x[k]), local[k]));
     }
   }
 }
@@ -229,7 +233,7 @@ template <class Opt, class K>
 struct BlockArgs {
   typename Opt::Scalars sc;
   float factor;
-  int64_t step, start;
+  int64_t step, block, start;
   int n;
   Dtype param_dtype, grad_dtype;
   void* param;
@@ -261,7 +265,7 @@ __device__ __forceinline__ StepCodecs<Opt, K> step_codecs() {
 // no bounds checks.
 template <class Opt, class K, bool FULL>
 __device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const StepCodecs<Opt, K>& c, int n_states,
-                                           bool sr, uint64_t seed, int lane) {
+                                           bool sr, bool state_sr, uint64_t seed, int lane) {
   using G = Geometry<K>;
   constexpr int E = G::kPerLane;
   float scale[kMaxStates] = {};
@@ -290,7 +294,11 @@ __device__ __forceinline__ void step_block(const BlockArgs<Opt, K>& k, const Ste
   __syncwarp();  // every lane has read the old codes and scales before any lane writes new ones
 #pragma unroll
   for (int s = 0; s < kMaxStates; ++s)
-    if (s < n_states) store_block<K, FULL>(c.codec[s], c.buckets, k.codes[s], k.scales[s], k.n, local, x[s], lane);
+    if (s < n_states) {
+      const bool sr_codes = state_sr && !c.codec[s].second;
+      const uint32_t key = sr_codes ? state_round_key(seed, k.step, s, k.block) : 0u;
+      store_block<K, FULL>(c.codec[s], c.buckets, k.codes[s], k.scales[s], k.n, local, x[s], lane, sr_codes, key);
+    }
   __syncwarp();
 }
 
@@ -339,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
     k.factor = (a.lr_scalar ? device_grad_factor : sl.grad_factor) * device_factor;
     k.step = a.lr_scalar ? int64_t(step) : sl.step;
     const int64_t b = w - a.first_block[s];
+    k.block = b;
     k.start = b * G::kBlock;
     k.n = int(min(int64_t(G::kBlock), sl.numel - k.start));
     k.param_dtype = sl.param_dtype;
@@ -350,8 +359,9 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[i] = i < n_states ? G::codes_at(sl.states[i].codes, k.start) : nullptr;
       k.scales[i] = !K::float_codes && i < n_states ? sl.states[i].scales + b : nullptr;
     }
-    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codecs, n_states, a.stochastic_round, a.seed, lane);
-    else step_block<Opt, K, false>(k, codecs, n_states, a.stochastic_round, a.seed, lane);
+    const bool sr = a.stochastic_round, state_sr = a.state_stochastic_round;
+    if (k.n == G::kBlock) step_block<Opt, K, true>(k, codecs, n_states, sr, state_sr, a.seed, lane);
+    else step_block<Opt, K, false>(k, codecs, n_states, sr, state_sr, a.seed, lane);
   }
 }
 

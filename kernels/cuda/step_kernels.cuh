@@ -17,7 +17,8 @@ struct StepLaunch {
   int n_slots;
   int kind;
   Hyper hyper;
-  bool stochastic_round;
+  bool stochastic_round;        // bfloat16 params
+  bool state_stochastic_round;  // the codes of quantized first-moment states
   uint64_t seed;
   // capturable: lr and step read on the device, scalars recomputed there in double precision
   const void* lr_scalar;

@@ -14,6 +14,10 @@ struct AdamW {
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   LBOPT_HD static constexpr bool second_moment(int i) { return i > 0; }  // v and vmax
   static constexpr bool kTwoPass = true;  // update_states and update_param below
+  // Whether its first-moment codes round stochastically by default (on kinds whose stochastic_codes says so): no.
+  // Its 4-bit states train as its fp32 ones rounded to nearest (docs/optimizers.md), and the codes stay torchao's
+  // and bitsandbytes' step for step
+  static constexpr bool kStochasticStates = false;
 
   static constexpr const char* kTitle = "AdamW/Adam";  // in its registry operators' docs
   static constexpr const char* kStateless = nullptr;     // no setting keeps no state

@@ -15,6 +15,9 @@ struct AdEMAMix {
   static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};
   LBOPT_HD static constexpr bool second_moment(int i) { return i == 2; }  // nu
   static constexpr bool kTwoPass = true;  // update_states and update_param below
+  // Whether its first-moment codes round stochastically by default (on kinds whose stochastic_codes says so): yes.
+  // Rounded to nearest, the averages lag their fp32 values (docs/optimizers.md, "Which state kind to train with")
+  static constexpr bool kStochasticStates = true;
 
   static constexpr const char* kTitle = "AdEMAMix";
   static constexpr const char* kStateless = nullptr;

@@ -14,6 +14,9 @@ struct Lion {
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg"};
   LBOPT_HD static constexpr bool second_moment(int) { return false; }
   static constexpr bool kTwoPass = false;  // one update: no division to move to a second pass
+  // Whether its first-moment codes round stochastically by default (on kinds whose stochastic_codes says so): yes.
+  // Rounded to nearest, its momentum lags its fp32 value (docs/optimizers.md, "Which state kind to train with")
+  static constexpr bool kStochasticStates = true;
 
   static constexpr const char* kTitle = "Lion";
   static constexpr const char* kStateless = nullptr;

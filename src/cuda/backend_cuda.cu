@@ -48,6 +48,7 @@ lbopt_status cuda_step(const StepPlan& plan) {
     a.n_slots = count;
     a.kind = plan.kind;
     a.stochastic_round = plan.flags & LBOPT_FLAG_BF16_STOCHASTIC_ROUND;
+    a.state_stochastic_round = plan.stochastic_states;
     a.seed = plan.seed;
     a.lr_scalar = plan.lr_scalar;
     a.step_scalar = plan.step_scalar;

@@ -603,13 +603,16 @@ TEST_SUITE("optimizers") {
         const lbopt_optimizer_config cfg = config_of(spec, kind);
         const LibRun q = run_library(cfg, p0, grads);
         CHECK(q.finite);
-        // step 1: each state is the exact one quantized on its codebook, read back on the codebook its moment says
+        // step 1: each state is the exact one quantized on its codebook, read back on the codebook its moment says:
+        // within half a code step of it, or a whole one where the codes round stochastically (by default the first
+        // moments of SGD, Lion and AdEMAMix on 4-bit and FP8 states)
         const int64_t block = kind == LBOPT_STATE_4BIT ? 128 : 256;
         std::string state_errors;
         for (int k = 0; k < model_states(cfg); ++k) {
           const bool second = model_moment(cfg.optimizer, k) == LBOPT_MOMENT_SECOND;
           const double err = block_rel_error(q.states_after_1[size_t(k)], exact.s[k], block);
-          const double tol = quant_tol(kind, second);
+          const bool stochastic = !second && cfg.optimizer != LBOPT_OPTIMIZER_ADAMW && kind != LBOPT_STATE_8BIT;
+          const double tol = quant_tol(kind, second) * (stochastic ? 2 : 1);
           state_errors += " " + std::to_string(err) + " (tol " + std::to_string(tol) + ")";
           CHECK_MESSAGE(err <= tol, "state ", k, " after step 1: ", err, " of its block's absmax, tolerance ", tol);
         }
@@ -1101,7 +1104,10 @@ const std::vector<Row>& rows() {
      {"config.optimizer = 2147483647"}, kCfg},
     {"state_kind = 4", kS, [](Setup& s) { s.config.state_kind = lbopt_state_kind(4); }, kBad, {"config.state_kind = 4"}, kCfg},
     {"state_kind = -1", kE, [](Setup& s) { s.config.state_kind = lbopt_state_kind(-1); }, kBad, {"config.state_kind = -1"}, kCfg},
-    {"unknown flag 0x40", kL, flags(0x40), kBad, {"config.flags = 0x40 has unknown bits 0x40"}, kCfg},
+    {"unknown flag 0x100", kL, flags(0x100), kBad, {"config.flags = 0x100 has unknown bits 0x100"}, kCfg},
+    {"both state roundings", kS, flags(LBOPT_FLAG_STATE_STOCHASTIC_ROUND | LBOPT_FLAG_STATE_NEAREST_ROUND), kBad,
+     {"config.flags = 0xc0: LBOPT_FLAG_STATE_STOCHASTIC_ROUND and LBOPT_FLAG_STATE_NEAREST_ROUND exclude each other"},
+     kCfg},
     {"unknown flag 0x80000000", kE, flags(0x80000000u), kBad, {"config.flags", "unknown bits 0x80000000"}, kCfg},
     {"AMSGRAD on sgd", kS, flags(LBOPT_FLAG_AMSGRAD), kBad, {"config.flags = 0x2 has bits 0x2 that sgd does not know"}, kCfg},
     {"ADAM_COUPLED_DECAY on sgd (no momentum)", kS0, flags(LBOPT_FLAG_ADAM_COUPLED_DECAY), kBad,

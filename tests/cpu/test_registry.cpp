@@ -138,7 +138,7 @@ TEST_SUITE("operator registry") {
       const lbopt_op_info* op = lbopt_op_find(ops[kind]);
       REQUIRE(op);
       REQUIRE(op->n_tensors == 11);
-      CHECK(op->n_attrs == 10);  // the step's attributes but lr and step
+      CHECK(op->n_attrs == 12);  // the step's attributes but lr and step
       Buffer lr(DLDataType{kDLFloat, 64, 1}, {1}), step(DLDataType{kDLInt, 64, 1}, {1});
       for (int64_t s = 1; s <= 3; ++s) {
         lr.as<double>()[0] = 1e-3 * double(s);  // written into the tensor, as a compiled program would
@@ -248,6 +248,8 @@ TEST_SUITE("operator registry") {
     const std::vector<Expect> common = {{"maximize", nullptr, LBOPT_FLAG_MAXIMIZE},
                                         {"bf16_stochastic_round", nullptr, LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
                                         {"skip_nonfinite", nullptr, LBOPT_FLAG_SKIP_NONFINITE},
+                                        {"state_stochastic_round", nullptr, LBOPT_FLAG_STATE_STOCHASTIC_ROUND},
+                                        {"state_nearest_round", nullptr, LBOPT_FLAG_STATE_NEAREST_ROUND},
                                         {"seed", nullptr, 0}};
     const std::map<lbopt_optimizer, std::vector<Expect>> own = {
         {LBOPT_OPTIMIZER_SGD,

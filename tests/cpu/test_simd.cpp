@@ -89,7 +89,8 @@ uint64_t all_cases() {
   uint64_t d = 0;
   const DLDataType dts[] = {f32(), bf16(), f16()};
   const uint32_t flag_sets[] = {0u, LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD,
-                                LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_BF16_STOCHASTIC_ROUND};
+                                LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_BF16_STOCHASTIC_ROUND |
+                                    LBOPT_FLAG_STATE_STOCHASTIC_ROUND};
   for (int k = 0; k < 4; ++k)
     for (const DLDataType& pt : dts)
       for (const DLDataType& gt : dts)

@@ -172,7 +172,8 @@ Config generic_of(const lbopt_adamw_config& c) {
 TEST_CASE("lbopt_adamw_step: CUDA equals the CPU bit for bit for every kind and dtype pair, many slots in one call") {
   const DLDataType dts[] = {dt(kDLFloat, 32), dt(kDLBfloat, 16), dt(kDLFloat, 16)};
   for (int kind = 0; kind < 4; ++kind)
-    for (uint32_t flags : {0u, unsigned(LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_BF16_STOCHASTIC_ROUND)}) {
+    for (uint32_t flags : {0u, unsigned(LBOPT_FLAG_AMSGRAD | LBOPT_FLAG_BF16_STOCHASTIC_ROUND |
+                                        LBOPT_FLAG_STATE_STOCHASTIC_ROUND)}) {
       CAPTURE(kind);
       CAPTURE(flags);
       lbopt_adamw_config cfg;

@@ -32,11 +32,14 @@ SAVED_AT, MORE = 3, 2              # plain: steps before the save, steps after i
 SHARDED_AT, SHARDED_MORE = 10, 5   # sharded: the same, with distributed_cases' model and batches
 
 # Each optimizer with every state it can keep: AdamW with AMSGrad (3 states), SGD with momentum, Lion, AdEMAMix.
+# The codes round to nearest, as every optimizer's did when the first checkpoints were saved (0.3): a checkpoint
+# continues bit-identically under the rounding it was made with.
+NEAREST = dict(state_stochastic_round=False)
 OPTIMIZERS = {
     "adamw": lambda params, kind: LT.LowBitAdamW(params, lr=1e-2, amsgrad=True, state_kind=kind),
-    "sgd": lambda params, kind: LT.LowBitSGD(params, lr=1e-2, momentum=0.9, state_kind=kind),
-    "lion": lambda params, kind: LT.LowBitLion(params, lr=1e-3, state_kind=kind),
-    "ademamix": lambda params, kind: LT.LowBitAdEMAMix(params, lr=1e-2, state_kind=kind),
+    "sgd": lambda params, kind: LT.LowBitSGD(params, lr=1e-2, momentum=0.9, state_kind=kind, **NEAREST),
+    "lion": lambda params, kind: LT.LowBitLion(params, lr=1e-3, state_kind=kind, **NEAREST),
+    "ademamix": lambda params, kind: LT.LowBitAdEMAMix(params, lr=1e-2, state_kind=kind, **NEAREST),
 }
 
 

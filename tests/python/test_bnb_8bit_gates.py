@@ -81,13 +81,18 @@ M1_M2_NU = {"m1": ("state1", "absmax1", "qmap1", 0), "m2": ("state1", "absmax1",
 ADAM_STATES = {"exp_avg": STATE1, "exp_avg_sq": ("state2", "absmax2", "qmap2", None)}
 
 
+# bitsandbytes rounds its codes to nearest: so do the lbopt optimizers compared with it here (SGD, Lion and
+# AdEMAMix round their first moments stochastically by default)
+NEAREST = dict(state_stochastic_round=False)
+
+
 def _case(lbopt, bnb8, ref, ref_states, bnb_layout, groups):
     return dict(lbopt=lbopt, bnb=bnb8, ref=ref, ref_states=ref_states, bnb_layout=bnb_layout, groups=groups)
 
 
 def _ademamix_case(kw):
     """AdEMAMix with the hyper-parameters kw (with or without bitsandbytes' warm-ups)."""
-    return _case(lambda p: lbt.AdEMAMix8bit([p], **kw), lambda p: bnb.optim.AdEMAMix8bit([p], **kw),
+    return _case(lambda p: lbt.AdEMAMix8bit([p], **kw, **NEAREST), lambda p: bnb.optim.AdEMAMix8bit([p], **kw),
                  lambda p: AdEMAMixReference(p, **kw), lambda opt, p: opt.state, M1_M2_NU, [["m1", "m2"], ["nu"]])
 
 
@@ -97,14 +102,14 @@ def _ademamix_case(kw):
 # test (its optimizers' defaults where it passes none).
 CASES = {
     "momentum": _case(
-        lambda p: lbt.SGD8bit([p], lr=0.01, momentum=0.9),
+        lambda p: lbt.SGD8bit([p], lr=0.01, momentum=0.9, **NEAREST),
         lambda p: bnb.optim.SGD8bit([p], 0.01, 0.9),
         lambda p: torch.optim.SGD([p], lr=0.01, momentum=0.9),
         lambda opt, p: {"momentum_buffer": opt.state[p]["momentum_buffer"]},
         {"momentum_buffer": STATE1},
         [["momentum_buffer"]]),
     "lion": _case(
-        lambda p: lbt.Lion8bit([p], lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
+        lambda p: lbt.Lion8bit([p], lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **NEAREST),
         lambda p: bnb.optim.Lion8bit([p], lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
         # lion_pytorch, bitsandbytes' reference, is not installed; bitsandbytes' fp32 Lion runs on CPU, and
         # test_optimizers.py checks lbopt's fp32 Lion against both it and a double-precision reference

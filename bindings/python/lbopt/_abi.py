@@ -64,6 +64,8 @@ FLAG_MAXIMIZE = 0x4
 FLAG_BF16_STOCHASTIC_ROUND = 0x8
 FLAG_SKIP_NONFINITE = 0x10
 FLAG_NESTEROV = 0x20
+FLAG_STATE_STOCHASTIC_ROUND = 0x40
+FLAG_STATE_NEAREST_ROUND = 0x80
 
 STEP_DEVICES_KNOWN = 0x1  # lbopt_step_options.flags
 
@@ -331,6 +333,12 @@ def optimizer_config(optimizer, kind, flags=0, seed=0, **fields):
     for name, value in fields.items():
         setattr(cfg, name, float(value))
     return cfg
+
+
+def state_rounding_flags(stochastic):
+    """The flag of state_stochastic_round=stochastic: True, False, or None for the library's default (stochastic
+    first-moment codes for SGD, Lion and AdEMAMix on 4-bit and FP8 states)."""
+    return {None: 0, True: FLAG_STATE_STOCHASTIC_ROUND, False: FLAG_STATE_NEAREST_ROUND}[stochastic]
 
 
 def optimizer_states(cfg):

@@ -74,7 +74,9 @@ _COMMON_FLAGS = {"maximize": _abi.FLAG_MAXIMIZE, "bf16_stochastic_round": _abi.F
 def config(optimizer, kind="4bit", *, seed=0, **options):
     """The lbopt_optimizer_config of optimizer ('adamw', 'sgd', 'lion', 'ademamix') with state kind `kind`:
     the library's defaults, overridden by the given fields and flags (bools) of those the optimizer reads
-    (optimizer_fields) and the common flags maximize, bf16_stochastic_round and skip_nonfinite."""
+    (optimizer_fields), the common flags maximize, bf16_stochastic_round and skip_nonfinite, and
+    state_stochastic_round (True, False, or None: the library's default, stochastic first-moment codes for SGD,
+    Lion and AdEMAMix on 4-bit and FP8 states)."""
     try:
         opt = _abi.OPTIMIZERS[optimizer]
     except KeyError:
@@ -82,11 +84,11 @@ def config(optimizer, kind="4bit", *, seed=0, **options):
     own = _abi.optimizer_fields(opt)
     flag_bits = {**_COMMON_FLAGS, **{n: f.flag for n, f in own.items() if f.type == _abi.ATTR_BOOL}}
     fields = {n for n, f in own.items() if f.type == _abi.ATTR_DOUBLE}
-    unknown = set(options) - fields - set(flag_bits)
+    unknown = set(options) - fields - set(flag_bits) - {"state_stochastic_round"}
     if unknown:
         raise TypeError(f"lbopt: {optimizer} has no option(s) {', '.join(sorted(unknown))} (it reads "
-                        f"{', '.join([*own, *_COMMON_FLAGS])})")
-    flags = 0
+                        f"{', '.join([*own, *_COMMON_FLAGS, 'state_stochastic_round'])})")
+    flags = _abi.state_rounding_flags(options.pop("state_stochastic_round", None))
     for name, bit in flag_bits.items():
         if options.pop(name, False):
             flags |= bit
@@ -163,7 +165,7 @@ def _run(entry_point, cfg, slot_type, params, grads, states, lr, steps):
 
 def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                adam=False, amsgrad=False, maximize=False, bf16_stochastic_round=False, seed=0,
-               skip_nonfinite=False):
+               skip_nonfinite=False, state_stochastic_round=None):
     """One fused AdamW (or Adam with adam=True) step over many tensors, in place.
 
     states[i] is {'m': state, 'v': state} (and 'vmax' with amsgrad), each state {'codes', 'scales'};
@@ -171,7 +173,8 @@ def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.9
     True where a tensor was skipped for a non-finite gradient (with skip_nonfinite)."""
     flags = ((_abi.FLAG_ADAM_COUPLED_DECAY if adam else 0) | (_abi.FLAG_AMSGRAD if amsgrad else 0)
              | (_abi.FLAG_MAXIMIZE if maximize else 0) | (_abi.FLAG_BF16_STOCHASTIC_ROUND if bf16_stochastic_round
-                                                          else 0) | (_abi.FLAG_SKIP_NONFINITE if skip_nonfinite else 0))
+                                                          else 0) | (_abi.FLAG_SKIP_NONFINITE if skip_nonfinite else 0)
+             | _abi.state_rounding_flags(state_stochastic_round))
     cfg = _abi.adamw_config(kind_id(kind), betas, eps, weight_decay, flags, seed)
     return _run(_abi.lib.lbopt_adamw_step, cfg, _abi.AdamWSlot, params, grads,
                 [(st["m"], st["v"], st.get("vmax") if amsgrad else None) for st in states], lr, steps)

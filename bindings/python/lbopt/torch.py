@@ -382,10 +382,12 @@ class _LowBit(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
     _optimizer = None  # the library's name of the optimizer
     # Attributes beyond torch.optim.Optimizer's, carried through copy.deepcopy and pickle.
-    _OWN_ATTRS = ("state_kind", "min_quant_size", "bf16_stochastic_round", "skip_nonfinite", "seed", "_keep_names")
+    _OWN_ATTRS = ("state_kind", "min_quant_size", "bf16_stochastic_round", "state_stochastic_round", "skip_nonfinite",
+                  "seed", "_keep_names")
+    state_stochastic_round = None  # None: the library's default for the optimizer (also for copies made before it)
 
     def __init__(self, params, defaults, *, state_kind, min_quant_size, keep_fp32, bf16_stochastic_round,
-                 skip_nonfinite, seed, capturable=False, differentiable=False):
+                 skip_nonfinite, seed, state_stochastic_round=None, capturable=False, differentiable=False):
         if capturable or differentiable:
             raise ValueError("lbopt: capturable=True and differentiable=True are not supported (the lr is a host "
                              "value of every step; the step is not differentiable)")
@@ -394,6 +396,9 @@ class _LowBit(torch.optim.Optimizer):
         _abi.layout(self.state_kind, 0)  # the library refuses an unknown kind
         self.min_quant_size = min_quant_size
         self.bf16_stochastic_round = bf16_stochastic_round
+        if state_stochastic_round not in (None, True, False):
+            raise ValueError(f"lbopt: state_stochastic_round must be None, True or False, not {state_stochastic_round!r}")
+        self.state_stochastic_round = state_stochastic_round
         self.skip_nonfinite = skip_nonfinite
         self.seed = seed
         keep = list(keep_fp32)
@@ -413,6 +418,7 @@ class _LowBit(torch.optim.Optimizer):
     def _config(self, group, kind):
         fields, flags = self._fields(group)
         flags |= ((_abi.FLAG_MAXIMIZE if group["maximize"] else 0)
+                  | _abi.state_rounding_flags(self.state_stochastic_round)
                   | (_abi.FLAG_BF16_STOCHASTIC_ROUND if self.bf16_stochastic_round else 0)
                   | (_abi.FLAG_SKIP_NONFINITE if self.skip_nonfinite else 0))
         return _abi.optimizer_config(_abi.OPTIMIZERS[self._optimizer], kind, flags, self.seed, **fields)
@@ -852,6 +858,11 @@ _COMMON_DOC = """
         keep_fp32: params (tensors, or names when named parameters are given) whose states stay fp32; a param
             group may also set fp32_state=True.
         bf16_stochastic_round: round bfloat16 params stochastically (reproducible: keyed by seed, step, element).
+        state_stochastic_round: round the codes of the quantized first-moment states (exp_avg, momentum_buffer,
+            m1, m2) stochastically, unbiased, so that a slowly moving average drifts as its fp32 value would
+            (reproducible: keyed by seed, step, state, element); False: to nearest. None (default): stochastic
+            for SGD, Lion and AdEMAMix with 4-bit and FP8 states, to nearest otherwise (docs/optimizers.md,
+            "Which state kind to train with").
         skip_nonfinite: leave a tensor whose gradient has NaN/Inf untouched (its step count does not advance).
         foreach, fused: accepted for torch.optim compatibility; lbopt always runs one fused call per group.
     Works with torch.amp.GradScaler: the scaler's scale and found_inf reach the library, which skips the whole
@@ -862,11 +873,12 @@ _COMMON_DOC = """
 
 def _init_common(self, params, defaults, maximize=False, state_kind="4bit", min_quant_size=4096, keep_fp32=(),
                  bf16_stochastic_round=False, skip_nonfinite=False, seed=0, foreach=None, fused=None,
-                 capturable=False, differentiable=False):
+                 capturable=False, differentiable=False, state_stochastic_round=None):
     _LowBit.__init__(self, params, {**defaults, "maximize": maximize}, state_kind=state_kind,
                      min_quant_size=min_quant_size, keep_fp32=keep_fp32,
                      bf16_stochastic_round=bf16_stochastic_round, skip_nonfinite=skip_nonfinite, seed=seed,
-                     capturable=capturable, differentiable=differentiable)
+                     state_stochastic_round=state_stochastic_round, capturable=capturable,
+                     differentiable=differentiable)
 
 
 def _betas(group, n):

@@ -52,8 +52,12 @@ pub const LBOPT_FLAG_BF16_STOCHASTIC_ROUND: u32 = 0x8;
 pub const LBOPT_FLAG_SKIP_NONFINITE: u32 = 0x10;
 /// SGD (lbopt_step only): Nesterov momentum; needs momentum > 0 and dampening = 0. Since 0.3.
 pub const LBOPT_FLAG_NESTEROV: u32 = 0x20;
+/// Round the codes of quantized first-moment states stochastically. Since 0.4.
+pub const LBOPT_FLAG_STATE_STOCHASTIC_ROUND: u32 = 0x40;
+/// Round them to nearest; neither flag: the optimizer's and kind's default. Since 0.4.
+pub const LBOPT_FLAG_STATE_NEAREST_ROUND: u32 = 0x80;
 /// The flags lbopt_adamw_config knows.
-pub const LBOPT_FLAGS_ALL: u32 = 0x1F;
+pub const LBOPT_FLAGS_ALL: u32 = 0xDF;
 
 pub const LBOPT_MOMENT_FIRST: c_int = 0;
 pub const LBOPT_MOMENT_SECOND: c_int = 1;

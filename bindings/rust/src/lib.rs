@@ -425,6 +425,13 @@ impl OptimizerConfig {
     pub fn bf16_stochastic_round(self, on: bool) -> Self {
         self.flag(ffi::LBOPT_FLAG_BF16_STOCHASTIC_ROUND, on)
     }
+    /// Round the codes of quantized first-moment states (exp_avg, momentum, m1, m2) stochastically, unbiased, keyed
+    /// by [`OptimizerConfig::seed`] (`LBOPT_FLAG_STATE_STOCHASTIC_ROUND`), or to nearest
+    /// (`LBOPT_FLAG_STATE_NEAREST_ROUND`). Unset: the default, stochastic for SGD, Lion and AdEMAMix on 4-bit and
+    /// FP8 states.
+    pub fn state_stochastic_round(self, on: bool) -> Self {
+        self.flag(ffi::LBOPT_FLAG_STATE_STOCHASTIC_ROUND, on).flag(ffi::LBOPT_FLAG_STATE_NEAREST_ROUND, !on)
+    }
     /// Leave a tensor whose grad has NaN/Inf untouched (`LBOPT_FLAG_SKIP_NONFINITE`); [`Optim`] then does not count
     /// the step for it.
     pub fn skip_nonfinite(self, on: bool) -> Self {
