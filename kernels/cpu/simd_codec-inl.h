@@ -192,7 +192,7 @@ HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
 #endif
 }
 
-// dtype_convert.h's state_round_bits for the elements i0 .. i0 + lanes - 1 of a block, lane by lane.
+// quant.h's state_round_bits for the elements i0 .. i0 + lanes - 1 of a block, lane by lane.
 HWY_INLINE VU state_round_bits_vec(uint32_t key, int64_t i0) {
   const DU du;
   // (i0 + j) g + key as j g, a constant, plus one broadcast

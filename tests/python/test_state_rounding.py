@@ -113,3 +113,23 @@ def test_stochastic_4bit_states_train_near_fp32_on_the_regression(optimizer):
     fp32, sr, nearest = loss(""), loss("4bit"), loss("4bit", state_stochastic_round=False)
     assert sr / fp32 < bound, (fp32, sr, nearest)
     assert nearest / fp32 > nearest_above, (fp32, sr, nearest)
+
+
+def test_jax_transformations_take_the_rounding():
+    jax = pytest.importorskip("jax")
+    import numpy as np
+
+    import lbopt.jax as lj
+
+    params = {"w": jax.numpy.asarray(np.random.RandomState(0).randn(4096).astype(np.float32))}
+    grads = {"w": jax.numpy.asarray(np.random.RandomState(1).randn(4096).astype(np.float32)) * 0.01}
+
+    def codes(**kw):
+        tx = lj.sgd(1e-2, momentum=0.9, min_quant_size=0, **kw)
+        _, state = tx.update(grads, tx.init(params), params)
+        return np.asarray(state.codes["momentum_buffer"]["w"])
+
+    default, stochastic, nearest = codes(), codes(state_stochastic_round=True), codes(state_stochastic_round=False)
+    assert (default == stochastic).all() and not (default == nearest).all()
+    with pytest.raises(ValueError, match="state_stochastic_round"):
+        lj.lion(1e-3, state_stochastic_round="yes")

@@ -366,6 +366,17 @@ def _no_eps_root(who, eps_root):
     _refuse_unless(who, "eps_root", eps_root, lambda e: float(e) == 0.0, "lbopt's kernels add eps outside the root")
 
 
+def _rounding(who, state_stochastic_round):
+    """The attributes of state_stochastic_round: True, False, or None for the library's default (stochastic
+    first-moment codes for SGD, Lion and AdEMAMix on 4-bit and FP8 states)."""
+    if _traced(state_stochastic_round) or state_stochastic_round not in (None, True, False):
+        raise ValueError(f"{who}: state_stochastic_round must be None, True or False (under "
+                         f"optax.inject_hyperparams, name it in static_args), not {state_stochastic_round!r}")
+    if state_stochastic_round is None:
+        return {}
+    return {"state_stochastic_round" if state_stochastic_round else "state_nearest_round": True}
+
+
 def _bind(f, args, kwargs):
     bound = inspect.signature(f).bind(*args, **kwargs)
     bound.apply_defaults()
@@ -373,27 +384,29 @@ def _bind(f, args, kwargs):
 
 
 def _adamw(who, learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nesterov, state_kind,
-           min_quant_size, adam):
+           min_quant_size, adam, state_stochastic_round):
     _no_eps_root(who, eps_root)
     _float32_only(who, "mu_dtype", mu_dtype)
-    hyper = dict(beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay, adam=adam)
+    hyper = dict(beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay, adam=adam,
+                 **_rounding(who, state_stochastic_round))
     return _Transformation(who, "adamw", learning_rate, hyper, ("m", "v"), state_kind=state_kind,
                            min_quant_size=min_quant_size, mask=mask, nesterov=nesterov)
 
 
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, weight_decay=1e-4, mask=None, *,
-          nesterov=False, state_kind="4bit", min_quant_size=4096, adam=False):
+          nesterov=False, state_kind="4bit", min_quant_size=4096, adam=False, state_stochastic_round=None):
     """optax.adamw with lbopt states: optax's arguments and defaults (eps_root must be 0, mu_dtype None or
     float32), then lbopt's own: state_kind ('4bit', '8bit', 'fp8', 'fp32'), min_quant_size (smaller leaves keep
-    fp32 states), adam (True: Adam, the decay coupled into the gradient). nesterov costs one decode of v per leaf
-    and step."""
+    fp32 states), adam (True: Adam, the decay coupled into the gradient), state_stochastic_round (the rounding of
+    the first-moment codes: True stochastic, False nearest, None the library's default, stochastic for SGD, Lion
+    and AdEMAMix on 4-bit and FP8 states). nesterov costs one decode of v per leaf and step."""
     return _adamw("lbopt.jax.adamw", **locals()).optax()
 
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *, nesterov=False,
-         state_kind="4bit", min_quant_size=4096):
-    """optax.adam with lbopt states: optax's arguments and defaults, then state_kind and min_quant_size as
-    adamw's."""
+         state_kind="4bit", min_quant_size=4096, state_stochastic_round=None):
+    """optax.adam with lbopt states: optax's arguments and defaults, then state_kind, min_quant_size and
+    state_stochastic_round as adamw's."""
     return _adamw("lbopt.jax.adam", **locals(), weight_decay=0.0, mask=None, adam=True).optax()
 
 
@@ -409,10 +422,10 @@ adamw_apply.__signature__ = inspect.signature(adamw)
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None, *, state_kind="4bit",
-        min_quant_size=4096):
+        min_quant_size=4096, state_stochastic_round=None):
     """optax.sgd with lbopt states: optax's arguments and defaults (momentum a trace, as torch's SGD without
-    dampening; None keeps no state; accumulator_dtype None or float32), then state_kind and min_quant_size as
-    adamw's."""
+    dampening; None keeps no state; accumulator_dtype None or float32), then state_kind, min_quant_size and
+    state_stochastic_round as adamw's."""
     who = "lbopt.jax.sgd"
     _float32_only(who, "accumulator_dtype", accumulator_dtype)
     # a momentum of 0 keeps its trace in the state, as optax's, but the step is plain SGD (Nesterov's included);
@@ -420,31 +433,32 @@ def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None, *,
     _refuse_unless(who, "momentum", momentum, lambda m: float(m) >= 0.0, "it must be a number >= 0 or None")
     zero = momentum is None or (not _traced(momentum) and float(momentum) == 0.0)
     hyper = dict(momentum=0.0 if zero else momentum, dampening=0.0, weight_decay=0.0,
-                 nesterov=bool(nesterov) and not zero)
+                 nesterov=bool(nesterov) and not zero, **_rounding(who, state_stochastic_round))
     return _Transformation(who, "sgd", learning_rate, hyper, () if momentum is None else ("momentum_buffer",),
                            state_kind=state_kind, min_quant_size=min_quant_size, idle_states=zero).optax()
 
 
 def lion(learning_rate, b1=0.9, b2=0.99, mu_dtype=None, weight_decay=1e-3, mask=None, *, state_kind="4bit",
-         min_quant_size=4096):
-    """optax.lion with lbopt states: optax's arguments and defaults (mu_dtype None or float32), then state_kind
-    and min_quant_size as adamw's."""
+         min_quant_size=4096, state_stochastic_round=None):
+    """optax.lion with lbopt states: optax's arguments and defaults (mu_dtype None or float32), then state_kind,
+    min_quant_size and state_stochastic_round as adamw's."""
     who = "lbopt.jax.lion"
     _float32_only(who, "mu_dtype", mu_dtype)
-    hyper = dict(beta1=b1, beta2=b2, weight_decay=weight_decay)
+    hyper = dict(beta1=b1, beta2=b2, weight_decay=weight_decay, **_rounding(who, state_stochastic_round))
     return _Transformation(who, "lion", learning_rate, hyper, ("exp_avg",), state_kind=state_kind,
                            min_quant_size=min_quant_size, mask=mask).optax()
 
 
 def ademamix(learning_rate, b1=0.9, b2=0.999, b3=0.9999, alpha=5.0, eps=1e-8, eps_root=0.0, mu_dtype=None,
-             weight_decay=0.0, mask=None, *, state_kind="4bit", min_quant_size=4096):
+             weight_decay=0.0, mask=None, *, state_kind="4bit", min_quant_size=4096, state_stochastic_round=None):
     """optax.contrib.ademamix with lbopt states: optax's arguments and defaults (b3 and alpha may be schedules
-    of the step count, as there; eps_root must be 0, mu_dtype None or float32), then state_kind and
-    min_quant_size as adamw's."""
+    of the step count, as there; eps_root must be 0, mu_dtype None or float32), then state_kind, min_quant_size
+    and state_stochastic_round as adamw's."""
     who = "lbopt.jax.ademamix"
     _no_eps_root(who, eps_root)
     _float32_only(who, "mu_dtype", mu_dtype)
     hyper = dict(beta1=b1, beta2=b2, beta3=b3, alpha=alpha, eps=eps, weight_decay=weight_decay, t_alpha=0.0,
-                 t_beta3=0.0)  # optax's schedules take the place of the library's own warm-ups
+                 t_beta3=0.0,  # optax's schedules take the place of the library's own warm-ups
+                 **_rounding(who, state_stochastic_round))
     return _Transformation(who, "ademamix", learning_rate, hyper, ("m1", "m2", "nu"), state_kind=state_kind,
                            min_quant_size=min_quant_size, mask=mask).optax()

@@ -440,6 +440,13 @@ fn states_and_defaults_come_from_the_library() {
     assert_eq!((s.momentum, s.dampening, s.weight_decay, s.seed), (0.9, 0.0, 0.001, 7));
     assert_eq!(s.flags, lbopt::ffi::LBOPT_FLAG_NESTEROV);
     assert_eq!(sgd_nesterov().nesterov(false).raw().flags, 0);
+    // the rounding of first-moment codes: one flag or the other, neither by default (stochastic for 4-bit SGD)
+    let (on, off) = (lbopt::ffi::LBOPT_FLAG_STATE_STOCHASTIC_ROUND, lbopt::ffi::LBOPT_FLAG_STATE_NEAREST_ROUND);
+    assert_eq!(lion().raw().flags & (on | off), 0);
+    assert_eq!(lion().state_stochastic_round(false).state_stochastic_round(true).raw().flags & (on | off), on);
+    assert_eq!(lion().state_stochastic_round(true).state_stochastic_round(false).raw().flags & (on | off), off);
+    let err = lion().flags(on | off).validate(1e-3).unwrap_err();
+    assert!(err.message.contains("exclude each other"), "{}", err.message);
     // a flag another optimizer owns is refused with its name
     let err = lion().nesterov(true).validate(1e-3).unwrap_err();
     assert!(err.message.contains("config.flags") && err.message.contains("lion"), "{}", err.message);
