@@ -4,7 +4,9 @@ lbopt.functional, the registry's operators), that it touches only the first mome
 seed, and that it holds the accuracy that bench/accuracy.py measures: on the regression task, 4-bit SGD, Lion and
 AdEMAMix near their fp32 states, where rounding to nearest leaves them far behind."""
 import ctypes
+import pathlib
 import statistics
+import sys
 
 import pytest
 import torch
@@ -12,6 +14,9 @@ import torch
 import lbopt.functional as F
 import lbopt.torch as lbt
 from lbopt import _abi
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import accuracy  # noqa: E402  (bench/accuracy.py: its regression task)
 
 
 def _one_step(stem, kind, stochastic, seed=0):
@@ -73,44 +78,28 @@ def test_only_first_moment_codes_change_and_the_seed_reproduces_them(kind):
     assert not torch.equal(sr["exp_avg_codes"], other["exp_avg_codes"])
 
 
-def _regression(make, seed, steps=150):
-    """bench/accuracy.py's regression task: the mean training loss of the last 10 steps."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 1))
-    x = torch.randn(512, 32)
-    y = x[:, :4].sum(1, keepdim=True).sin()
-    opt = make(model.parameters())
-    losses = []
-    for _ in range(steps):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return statistics.mean(losses[-10:])
+# The bounds on the 4-bit / fp32 ratio of the mean loss over two seeds of bench/accuracy.py's regression task
+# (its optimizers' lr and arguments), from its table in docs/optimizers.md with a margin: stochastic within the
+# first, nearest beyond the second (the gap this option closes, so that a rounding that lost its effect fails)
+REGRESSION_BOUNDS = {"sgd": (1.15, 1.5), "lion": (1.15, 1.3), "ademamix": (4.0, 10.0)}
 
 
-# (class stem, lr, keyword arguments) as bench/accuracy.py runs them; the bounds on the 4-bit / fp32 ratio of the
-# mean loss over two seeds come from its table (docs/optimizers.md) with a margin: stochastic within `bound`,
-# nearest beyond `nearest_above` (the gap this option closes, so that a rounding that lost its effect fails)
-REGRESSION = {
-    "sgd": ("SGD", 0.05, dict(momentum=0.9), 1.15, 1.5),
-    "lion": ("Lion", 1e-3, dict(weight_decay=0.01), 1.15, 1.3),
-    "ademamix": ("AdEMAMix", 2e-3, dict(weight_decay=0.01), 4.0, 10.0),
-}
-
-
-@pytest.mark.parametrize("optimizer", list(REGRESSION))
+@pytest.mark.parametrize("optimizer", list(REGRESSION_BOUNDS))
 def test_stochastic_4bit_states_train_near_fp32_on_the_regression(optimizer):
-    torch.set_num_threads(1)
-    stem, lr, kwargs, bound, nearest_above = REGRESSION[optimizer]
+    stem, _, lr, kwargs = accuracy.OPTIMIZERS[optimizer]
+    bound, nearest_above = REGRESSION_BOUNDS[optimizer]
 
     def loss(suffix, **extra):
         cls = getattr(lbt, stem + suffix)
-        return statistics.mean(_regression(lambda ps: cls(ps, lr=lr, min_quant_size=0, **kwargs, **extra), seed)
-                               for seed in (0, 1))
+        make = lambda ps: cls(ps, lr=lr, min_quant_size=0, **kwargs, **extra)  # noqa: E731
+        return statistics.mean(accuracy.regression(torch, make, 150, seed, "cpu") for seed in (0, 1))
 
-    fp32, sr, nearest = loss(""), loss("4bit"), loss("4bit", state_stochastic_round=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the benchmark's setting: the losses depend on torch's reduction order
+    try:
+        fp32, sr, nearest = loss(""), loss("4bit"), loss("4bit", state_stochastic_round=False)
+    finally:
+        torch.set_num_threads(threads)
     assert sr / fp32 < bound, (fp32, sr, nearest)
     assert nearest / fp32 > nearest_above, (fp32, sr, nearest)
 
