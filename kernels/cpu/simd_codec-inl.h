@@ -213,11 +213,12 @@ template <class K>
 HWY_INLINE VI next_code_vec(VI c, hn::Mask<DI> up) {
   const DI di;
   if constexpr (std::is_same_v<K, KindFp8>) {
+    // the magnitude moves by +1 up from a positive code or down from a negative one, else by -1 (a vector, not a
+    // mask operation: clang 14 fails to compile the latter's AVX-512 form)
     const auto sign = hn::And(c, hn::Set(di, 0x80)), mag = hn::And(c, hn::Set(di, 0x7f));
-    const auto away = hn::Xor(up, hn::Eq(sign, hn::Zero(di)));  // up toward a positive code's larger magnitude
-    const auto out = hn::Min(hn::Add(mag, hn::Set(di, 1)), hn::Set(di, 0x7e));
-    const auto in = hn::Max(hn::Sub(mag, hn::Set(di, 1)), hn::Zero(di));
-    return hn::Or(sign, hn::IfThenElse(away, in, out));
+    const auto outward = hn::IfThenElse(hn::Eq(sign, hn::Zero(di)), hn::Set(di, 1), hn::Set(di, -1));
+    const auto move = hn::IfThenElse(up, outward, hn::Neg(outward));
+    return hn::Or(sign, hn::Min(hn::Max(hn::Add(mag, move), hn::Zero(di)), hn::Set(di, 0x7e)));
   } else {
     const auto next = hn::Min(hn::Add(c, hn::Set(di, 1)), hn::Set(di, int32_t(K::entries) - 1));
     return hn::IfThenElse(up, next, hn::Max(hn::Sub(c, hn::Set(di, 1)), hn::Zero(di)));

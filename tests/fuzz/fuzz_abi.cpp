@@ -886,9 +886,10 @@ bool model_config_valid(const lbopt_optimizer_config* c, double lr) {
   if (!c || c->struct_size != sizeof(lbopt_optimizer_config)) return false;
   const int o = int(c->optimizer), kind = int(c->state_kind);
   if (o < 0 || o > 3 || kind < 0 || kind > 3) return false;
-  const uint32_t common = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE;
+  const uint32_t roundings = LBOPT_FLAG_STATE_STOCHASTIC_ROUND | LBOPT_FLAG_STATE_NEAREST_ROUND;
+  const uint32_t common = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE | roundings;
   uint32_t allowed = common;
-  bool ok = finite_nonneg(c->weight_decay) && finite_nonneg(lr);
+  bool ok = finite_nonneg(c->weight_decay) && finite_nonneg(lr) && (c->flags & roundings) != roundings;
   switch (o) {
     case LBOPT_OPTIMIZER_ADAMW:
       allowed |= LBOPT_FLAG_ADAM_COUPLED_DECAY | LBOPT_FLAG_AMSGRAD;
