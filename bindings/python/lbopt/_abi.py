@@ -337,8 +337,12 @@ def optimizer_config(optimizer, kind, flags=0, seed=0, **fields):
 
 def state_rounding_flags(stochastic):
     """The flag of state_stochastic_round=stochastic: True, False, or None for the library's default (stochastic
-    first-moment codes for SGD, Lion and AdEMAMix on 4-bit and FP8 states)."""
-    return {None: 0, True: FLAG_STATE_STOCHASTIC_ROUND, False: FLAG_STATE_NEAREST_ROUND}[stochastic]
+    first-moment codes for SGD, Lion and AdEMAMix on 4-bit and FP8 states); ValueError for any other value."""
+    if stochastic is None:
+        return 0
+    if stochastic is not True and stochastic is not False:
+        raise ValueError(f"lbopt: state_stochastic_round must be None, True or False, not {stochastic!r}")
+    return FLAG_STATE_STOCHASTIC_ROUND if stochastic else FLAG_STATE_NEAREST_ROUND
 
 
 def optimizer_states(cfg):

@@ -369,12 +369,12 @@ def _no_eps_root(who, eps_root):
 def _rounding(who, state_stochastic_round):
     """The attributes of state_stochastic_round: True, False, or None for the library's default (stochastic
     first-moment codes for SGD, Lion and AdEMAMix on 4-bit and FP8 states)."""
-    if _traced(state_stochastic_round) or state_stochastic_round not in (None, True, False):
-        raise ValueError(f"{who}: state_stochastic_round must be None, True or False (under "
-                         f"optax.inject_hyperparams, name it in static_args), not {state_stochastic_round!r}")
-    if state_stochastic_round is None:
-        return {}
-    return {"state_stochastic_round" if state_stochastic_round else "state_nearest_round": True}
+    if _traced(state_stochastic_round):
+        raise ValueError(f"{who}: state_stochastic_round must be None, True or False, not a traced value (under "
+                         "optax.inject_hyperparams, name it in static_args)")
+    flag = _abi.state_rounding_flags(state_stochastic_round)
+    return {"state_stochastic_round": True} if flag == _abi.FLAG_STATE_STOCHASTIC_ROUND else (
+        {"state_nearest_round": True} if flag else {})
 
 
 def _bind(f, args, kwargs):

@@ -396,8 +396,7 @@ class _LowBit(torch.optim.Optimizer):
         _abi.layout(self.state_kind, 0)  # the library refuses an unknown kind
         self.min_quant_size = min_quant_size
         self.bf16_stochastic_round = bf16_stochastic_round
-        if state_stochastic_round not in (None, True, False):
-            raise ValueError(f"lbopt: state_stochastic_round must be None, True or False, not {state_stochastic_round!r}")
+        _abi.state_rounding_flags(state_stochastic_round)  # refuses anything but None, True and False
         self.state_stochastic_round = state_stochastic_round
         self.skip_nonfinite = skip_nonfinite
         self.seed = seed
