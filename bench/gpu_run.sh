@@ -22,11 +22,12 @@
 # then run (device tool): command "bash bench/gpu_run.sh kernels peers", carry [".gpu-carry"], timeout_s 480.
 # For an A/B, copy another build's liblbopt.so.0 to .gpu-carry/NAME/ after --pack: its step-vs-copy table and
 # counters follow.
-# Kernels behind build options (gpu_encode_in_x: the 4-bit encode by thresholds on x; gpu_encode8_buckets: the
-# 8-bit encode by buckets of the float's bits; gpu_fp8_cvt: the FP8 encode by the conversion instruction) are
-# checked by packing the build that has them on (-Dgpu_encode_in_x=true -Dgpu_encode8_buckets=true
-# -Dgpu_fp8_cvt=true), so that the GPU suite runs against them, with the default
-# build's library in .gpu-carry/default/ for the A/B; an option becomes the default once that suite passes.
+# Kernels behind build options (gpu_wide_step: the step shaped for bandwidth, vector loads and stores and 4-bit
+# states encoded in x; gpu_encode_in_x: the 4-bit encode in x alone; gpu_encode8_buckets: the 8-bit encode by
+# buckets of the float's bits; gpu_fp8_cvt: the FP8 encode by the conversion instruction) are checked by packing the
+# build that has them on (-Dgpu_wide_step=true -Dgpu_encode8_buckets=true -Dgpu_fp8_cvt=true), so that the GPU
+# suite runs against them, with the default build's library in .gpu-carry/default/ for the A/B; an option becomes
+# the default once that suite passes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.gpu-carry

@@ -7,7 +7,7 @@ tools/sass_probe.cu instantiates step_block<..., FULL = true> in one grid-stride
 compile time; this script compiles it for one architecture, finds each probe's loop (the widest backward branch)
 and counts its instructions without NOPs. Per element: the loop's count x 32 lanes / the block's elements.
 
-    python3 tools/sass_count.py [--arch 90] [--encode-in-x] [--encode8-buckets] [--fp8-cvt] [--cuobjdump PATH]
+    python3 tools/sass_count.py [--arch 90] [--wide] [--encode-in-x] [--encode8-buckets] [--fp8-cvt] [--cuobjdump PATH]
 """
 import argparse
 import pathlib
@@ -46,7 +46,7 @@ def find_cuobjdump(given):
 def compile_probes(arch, options, out):
     cmd = ["nvcc", "-std=c++17", "-cubin", f"-arch=sm_{arch}", "--fmad=false", "-O3", "-I", str(ROOT / "abi"),
            "-I", str(ROOT), "-DLBOPT_BUILDING", "-DLBOPT_WITH_CUDA=1",
-           f"-DLBOPT_CUDA_ENCODE_IN_X={int(options.encode_in_x)}",
+           f"-DLBOPT_CUDA_WIDE_STEP={int(options.wide)}", f"-DLBOPT_CUDA_ENCODE_IN_X={int(options.encode_in_x)}",
            f"-DLBOPT_CUDA_ENCODE8_BUCKETS={int(options.encode8_buckets)}", f"-DLBOPT_CUDA_FP8_CVT={int(options.fp8_cvt)}",
            "-o", str(out), str(ROOT / "tools" / "sass_probe.cu")]
     subprocess.run(cmd, check=True)
@@ -108,7 +108,8 @@ def demangled(names):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="90")
-    ap.add_argument("--encode-in-x", action="store_true", help="the 4-bit encode by thresholds (gpu_encode_in_x)")
+    ap.add_argument("--wide", action="store_true", help="the step shaped for bandwidth (gpu_wide_step)")
+    ap.add_argument("--encode-in-x", action="store_true", help="the 4-bit encode in x (gpu_encode_in_x)")
     ap.add_argument("--encode8-buckets", action="store_true",
                     help="the 8-bit encode by buckets of the float's bits (gpu_encode8_buckets)")
     ap.add_argument("--fp8-cvt", action="store_true", help="the FP8 encode by the conversion instruction (gpu_fp8_cvt)")
@@ -128,7 +129,8 @@ def main():
         m = re.search(r"step_kernel<lbopt::(\w+), lbopt::(\w+)>", name)
         if m:
             kernels[m.groups()] = res.get(mangled)
-    print(f"sm_{args.arch}, 4-bit encode {'by thresholds on x' if args.encode_in_x else 'by division'}, 8-bit "
+    print(f"sm_{args.arch}, {'wide step' if args.wide else 'step'}, 4-bit encode "
+          f"{'in x' if args.encode_in_x or args.wide else 'by division'}, 8-bit "
           f"encode {'by buckets' if args.encode8_buckets else 'by search'}, FP8 encode "
           f"{'by the conversion instruction' if args.fp8_cvt else 'in software'}")
     print("| optimizer | kind | params | loop SASS | per element | MUFU.RCP | CALL | step_kernel registers | "

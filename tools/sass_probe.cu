@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
       k.codes[s] = s < kProbeStates<Opt> ? G::codes_at(args.codes[s], k.start) : nullptr;
       k.scales[s] = !K::float_codes && s < kProbeStates<Opt> ? args.scales[s] + w : nullptr;
     }
-    step_block<Opt, K, true>(k, codecs, kProbeStates<Opt>, sr, Opt::kStochasticStates && K::stochastic_codes, seed,
-                             lane);
+    step_block<Opt, K, true, kWide>(k, codecs, kProbeStates<Opt>, sr, Opt::kStochasticStates && K::stochastic_codes,
+                                    seed, lane);
   }
 }
 

@@ -24,33 +24,13 @@
 
 #include "kernels/codebooks.h"
 #include "kernels/dtype_convert.h"
+#include "kernels/encode_in_x.h"
 
 #include <math.h>
 
 #ifndef LBOPT_CODEBOOK4_TABLES_ONCE
 #define LBOPT_CODEBOOK4_TABLES_ONCE
 namespace lbopt::encode4 {
-// What the fold assumes of the signed map: code 7 is 0, mids[k] = -mids[13 - k] below code 14, and the midpoints
-// from mids[7] on are positive and ascending (the search compares their bits as integers).
-constexpr bool signed_map_folds() {
-  const float* m = codebook::kSigned4Mids;
-  if (codebook::kSigned4Values[7] != 0.0f || !(m[7] > 0.0f)) return false;
-  for (int k = 0; k < 14; ++k)
-    if (m[k] != -m[13 - k]) return false;
-  for (int k = 7; k < 14; ++k)
-    if (!(m[k] < m[k + 1])) return false;
-  return true;
-}
-static_assert(signed_map_folds(), "the signed 4-bit map is not symmetric about its zero code");
-// What Encode4Linear assumes of the unsigned map: values (k + 1) / 16 and midpoints (2 k + 3) / 32.
-constexpr bool unsigned_map_is_linear() {
-  for (int k = 0; k < 16; ++k)
-    if (codebook::kUnsigned4Values[k] != float(k + 1) / 16.0f ||
-        (k < 15 && codebook::kUnsigned4Mids[k] != float(2 * k + 3) / 32.0f))
-      return false;
-  return true;
-}
-static_assert(unsigned_map_is_linear(), "the unsigned 4-bit map is not k/16");
 // The probe tables of Encode4Signed's search over the bits of mids[7..13] (positions p = 0..6), each less one: the
 // first probe is position 3; the second, at code c in {0, 4}, is position c + 1; the third, at c in {0, 2, 4, 6},
 // position c. Padded to 16 entries, so that a 16-lane vector loads a whole table.
@@ -113,55 +93,19 @@ static_assert(signed_byte_buckets().one_per_bucket, "a byte bucket of the signed
 alignas(32) inline constexpr SignedByteBuckets kSignedByteBuckets = signed_byte_buckets();
 static_assert(kSignedByteBuckets.count[0] == 0, "Encode4Signed's byte shuffle needs count[0] = 0");
 
-// Thresholds4's per-map constants. For a midpoint m, the quotients q with RN(q) >= m are q > h, h halfway
-// between m and the float below it (q = h exactly is never a quotient x / s of floats: h needs 25 significant
-// bits, so h * s needs more than a float holds). h * s is exact in double for any float s.
-// Lane k holds midpoint k - shift's h, -inf below midpoint 0.
+// Thresholds4's per-map constants: lane k holds midpoint k - shift's h (midpoint_in_quotients), -inf below
+// midpoint 0.
 struct MidsInX {
   alignas(64) double h[16];
   MidsInX(const float* mids, int shift) {
     for (int k = 0; k < 16; ++k) {
-      const int i = k - shift;
-      const float m = i < 0 ? -INFINITY : mids[i];  // mids[15] is +inf: never reached by a finite x
-      h[k] = i < 0 || i == 15 ? double(m) : 0.5 * (double(nextafterf(m, -INFINITY)) + double(m));
+      const int i = k - shift;  // mids[15] is +inf: never reached by a finite x
+      h[k] = i < 0 ? double(-INFINITY) : i == 15 ? double(mids[i]) : midpoint_in_quotients(mids[i]);
     }
   }
 };
 inline const MidsInX kSigned4InX(codebook::kSigned4Mids, 1), kUnsigned4InX(codebook::kUnsigned4Mids, 0);
 
-// Thresholds4::code_signed's candidates. Bucket j holds the a = |x| r + 2^-8 (r = RN(kBucketC / s)) whose float
-// bits have (bits >> 21) % 32 == j: the exponent's low 3 bits and 2 mantissa bits, for a in [2^-8, 1), where
-// kBucketC keeps a below 1. a is within 2^-22 + 2^-25 of a* = (|x| / s) kBucketC + 2^-8: r errs by under 2^-22
-// relative even where it is subnormal (s >= 2^126), the sum by 2^-25. So a midpoint m whose a*(m) lies more than
-// kBucketMargin outside a's bucket is more than 2^-25 from |x| / s, and RN(|x| / s) lies on the same side of m.
-// The table holds 8 + the count of midpoints below the bucket by that margin; at most one other (checked below)
-// lies in or near the bucket, and one threshold compare settles it.
-constexpr double kBucketC = 1.0 - 0x1p-8 - 0x1p-20;
-constexpr double kBucketMargin = 0x1p-21;
-struct SignedBuckets {
-  int32_t first[32] = {};  // 8 + the positive midpoints (of mids[7..14]) surely below bucket j
-  bool one_per_bucket = true;
-};
-constexpr SignedBuckets signed_buckets() {
-  SignedBuckets b;
-  double p = 0x1p-8;  // 2^(e - 127) for the float exponents e = 119 .. 126
-  for (int e = 119; e < 127; ++e, p *= 2) {
-    for (int q = 0; q < 4; ++q) {
-      const double low = p * (1 + q / 4.0), high = low + p / 4;
-      int below = 0, near = 0;
-      for (int k = 7; k < 15; ++k) {
-        const double a = double(codebook::kSigned4Mids[k]) * kBucketC + 0x1p-8;
-        below += a < low - kBucketMargin;
-        near += a >= low - kBucketMargin && a < high + kBucketMargin;
-      }
-      b.first[((e << 2) | q) & 31] = 8 + below;
-      if (near > 1) b.one_per_bucket = false;
-    }
-  }
-  return b;
-}
-static_assert(signed_buckets().one_per_bucket, "a bucket of the signed 4-bit map holds two midpoints");
-alignas(64) inline constexpr SignedBuckets kSignedBuckets = signed_buckets();
 }  // namespace lbopt::encode4
 #endif  // LBOPT_CODEBOOK4_TABLES_ONCE
 

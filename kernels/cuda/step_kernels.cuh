@@ -1,6 +1,7 @@
 // CUDA kernels of the step and of the state conversions, over the shared per-element and per-value math. One
 // warp handles one scale block (4-bit: 128 elements, 4 per lane; 8-bit/FP8: 256, 8 per lane; FP32: chunks of
-// 256), lanes striding by 32 so each load and store instruction is coalesced; a launch covers up to
+// 256), lanes striding by 32 so each load and store instruction is coalesced (with gpu_wide_step, by runs of 4
+// elements, loaded and stored as vectors where the tensors are aligned); a launch covers up to
 // kMaxSlotsPerLaunch tensors, their metadata passed by value as a __grid_constant__ kernel parameter (no upload,
 // no device buffer, captured as is by CUDA graphs).
 #pragma once

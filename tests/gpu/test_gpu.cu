@@ -36,34 +36,38 @@ __global__ void fp8_cvt_mismatches(unsigned long long* count, unsigned int* firs
 
 DLDataType dt(int code, int bits) { return DLDataType{uint8_t(code), uint8_t(bits), 1}; }
 
-// One tensor mirrored on the host and the device.
+// One tensor mirrored on the host and the device; the device copy starts `offset` elements into its allocation
+// (an offset of one leaves it unaligned for the wide step's vector loads and stores).
 struct Mirror {
   std::vector<uint8_t> host;
+  size_t offset;  // bytes
   thrust::device_vector<uint8_t> dev;
   int64_t shape;
   DLTensor h{}, d{};
-  Mirror(DLDataType type, int64_t numel) : host(size_t(numel) * type.bits / 8), dev(host.size()), shape(numel) {
+  Mirror(DLDataType type, int64_t numel, int64_t offset_elements = 0)
+      : host(size_t(numel) * type.bits / 8), offset(size_t(offset_elements) * type.bits / 8),
+        dev(host.size() + offset), shape(numel) {
     h.data = host.data();
     h.device = {kDLCPU, 0};
     h.ndim = 1;
     h.dtype = type;
     h.shape = &shape;
     d = h;
-    d.data = thrust::raw_pointer_cast(dev.data());
+    d.data = thrust::raw_pointer_cast(dev.data()) + offset;
     d.device = {kDLCUDA, 0};
   }
-  void upload() { thrust::copy(host.begin(), host.end(), dev.begin()); }
+  void upload() { thrust::copy(host.begin(), host.end(), dev.begin() + offset); }
   std::vector<uint8_t> download() const {
-    std::vector<uint8_t> out(dev.size());
-    thrust::copy(dev.begin(), dev.end(), out.begin());
+    std::vector<uint8_t> out(host.size());
+    thrust::copy(dev.begin() + offset, dev.end(), out.begin());
     return out;
   }
 };
 
 struct StateMirror {
   Mirror codes, scales;
-  StateMirror(lbopt_state_kind kind, int64_t n)
-      : codes(kind == LBOPT_STATE_FP32 ? dt(kDLFloat, 32) : dt(kDLUInt, 8), layout(kind, n).codes_numel),
+  StateMirror(lbopt_state_kind kind, int64_t n, int64_t offset = 0)
+      : codes(kind == LBOPT_STATE_FP32 ? dt(kDLFloat, 32) : dt(kDLUInt, 8), layout(kind, n).codes_numel, offset),
         scales(dt(kDLFloat, 32), layout(kind, n).scales_numel) {}
   static lbopt_layout layout(lbopt_state_kind kind, int64_t n) {
     lbopt_layout l;
@@ -97,14 +101,19 @@ int64_t mismatches(const Mirror& m);
 
 using Config = lbopt_optimizer_config;
 
+// The offsets in elements (Mirror) of a slot's device copies: the param, the grad and every state's codes.
+struct DeviceOffsets {
+  int64_t param = 0, grad = 0, codes = 0;
+};
+
 // A param, its grad and the optimizer's states, on the host and the device alike.
 struct Slots {
   lbopt_state_kind kind;
   int64_t n;
   Mirror p, g;
   std::vector<StateMirror*> states;
-  Slots(const Config& c, DLDataType pt, DLDataType gt, int64_t numel, uint64_t seed)
-      : kind(c.state_kind), n(numel), p(pt, numel), g(gt, numel) {
+  Slots(const Config& c, DLDataType pt, DLDataType gt, int64_t numel, uint64_t seed, DeviceOffsets offsets = {})
+      : kind(c.state_kind), n(numel), p(pt, numel, offsets.param), g(gt, numel, offsets.grad) {
     lbopt_state_info info[LBOPT_MAX_STATES];
     size_t n_states = 0;
     REQUIRE_MESSAGE(lbopt_optimizer_states(&c, info, &n_states) == LBOPT_OK, std::string(lbopt_last_error()));
@@ -113,7 +122,7 @@ struct Slots {
     fill(p, rng, 0.1f);
     fill(g, rng, 0.01f);
     for (size_t k = 0; k < n_states; ++k) {  // start from a random state on the state's own codebook
-      states.push_back(new StateMirror(kind, numel));
+      states.push_back(new StateMirror(kind, numel, offsets.codes));
       Mirror x(dt(kDLFloat, 32), numel);
       const bool second = info[k].moment == LBOPT_MOMENT_SECOND;
       for (int64_t i = 0; i < numel; ++i) {
@@ -465,6 +474,42 @@ TEST_CASE("every optimizer, state kind and dtype pair: the CUDA step equals the 
         for (Slots* t : ts) delete t;
       }
   MESSAGE("elements compared: " << compared);
+}
+
+TEST_CASE("tensors that start off a vector boundary step like aligned ones: the CUDA step equals the CPU step") {
+  // The wide step (gpu_wide_step) loads and stores runs of 4 elements as vectors when every tensor of a launch is
+  // aligned for them, and takes the scalar path otherwise: launches of aligned tensors, of tensors one element off
+  // (params, grads or codes) and a mix of both must all equal the CPU.
+  const DeviceOffsets offsets[] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+  const int64_t sizes[] = {128, 256, 1024, 4099};
+  for (const Spec& spec : kSpecs)
+    for (int kind = 0; kind < 4; ++kind)
+      for (const DLDataType pt : {dt(kDLFloat, 32), dt(kDLBfloat, 16)}) {
+        const Config cfg = config_of(spec, kind, 0u);
+        for (int mix = 0; mix < 5; ++mix) {  // each offset alone, then all of them in one launch
+          std::vector<Slots*> ts;
+          uint64_t seed = 1;
+          for (int o = 0; o < 4; ++o)
+            if (mix == 4 || mix == o)
+              for (int64_t n : sizes) ts.push_back(new Slots(cfg, pt, pt, n, ++seed, offsets[o]));
+          for (int64_t step = 1; step <= 2; ++step) {
+            std::vector<lbopt_slot> hs, ds;
+            for (Slots* t : ts) {
+              hs.push_back(t->slot(false, step));
+              ds.push_back(t->slot(true, step));
+            }
+            for (const std::vector<lbopt_slot>* side : {&hs, &ds})
+              REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), side->data(), side->size(), nullptr) == LBOPT_OK,
+                              std::string(lbopt_last_error()));
+          }
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+          int64_t bad = 0;
+          for (Slots* t : ts) bad += t->mismatches();
+          if (bad) MESSAGE(spec.name << ", kind " << kind << ", param bits " << int(pt.bits) << ", mix " << mix);
+          CHECK(bad == 0);
+          for (Slots* t : ts) delete t;
+        }
+      }
 }
 
 TEST_CASE("every optimizer: a captured lbopt_step_capturable replays with a new lr each step and equals eager calls") {

@@ -1,12 +1,14 @@
 // The 4-bit encode by thresholds on x (kernels/encode_in_x.h, the CUDA kernels' encode) against the division and
 // search of quant.h's Codec, which the portable kernels run: for both 4-bit maps, at scales across the float range,
-// every float within 4 ulps of each threshold (where a code changes) and a random sample of [-s, s].
+// every float within 4 ulps of each threshold (where a code changes) and of each bucket edge of the signed
+// candidate (where the candidate changes), a sweep of every binade, and a random sample of [-s, s].
 #include <doctest/doctest.h>
 
 #include <math.h>
 #include <stdint.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../../kernels/encode_in_x.h"
@@ -25,14 +27,51 @@ std::vector<float> scales() {
   return out;
 }
 
-// Mismatches of codebook_encode(T, 16, x) against the codec's encode of x, for the x given.
+// The floats x in [-s, s] where a code or a candidate may change, and a sample of the rest.
+std::vector<float> probes(float s, const float (&t)[16], std::mt19937& rng) {
+  std::vector<float> xs = {0.0f, -0.0f, s, -s, 1e-45f, -1e-45f};
+  const auto around = [&](float x) {  // every float within 4 ulps of x, both signs
+    for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
+    for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY))
+      if (fabsf(x) <= s) {
+        xs.push_back(x);
+        xs.push_back(-x);
+      }
+  };
+  for (int k = 0; k < 15; ++k) around(t[k]);
+  // the signed candidate's bucket edges: the |x| with |x| r + 2^-8 = 2^e (1 + q / 4)
+  const double r = double(float(lbopt::encode4::kBucketC) / s);
+  for (int e = -8; e < 0; ++e)
+    for (int q = 0; q < 4; ++q) around(float((ldexp(1.0 + q / 4.0, e) - 0x1p-8) / r));
+  for (int e = -149; e < 128; ++e)  // a sweep of each binade up to s
+    for (int k = 0; k < 64; ++k) {
+      const float x = float(ldexp(1.0 + k / 64.0 + 1.0 / 4096.0, e));
+      if (x <= s) {
+        xs.push_back(x);
+        xs.push_back(-x);
+      }
+    }
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);  // s * unit: (-s, s) would overflow at the largest s
+  for (int i = 0; i < 200; ++i) xs.push_back(s * unit(rng));
+  return xs;
+}
+
+// Mismatches against the codec's encode of x, for the x given, of the codes by thresholds: the search over them,
+// and the candidate and one compare.
 int mismatches(const lbopt::Codec<Kind4Bit>& codec, float s, const float (&t)[16], const std::vector<float>& xs) {
   const auto scale = codec.block_scale(s);
   REQUIRE(scale.scale == s);
+  float row[lbopt::kInXRow];
+  lbopt::in_x_fixed_entries(row);
+  for (int k = 0; k < 16; ++k) row[lbopt::in_x_entry(k)] = lbopt::in_x_value(codec.mids, codec.second, k, s);
   int bad = 0;
   for (const float x : xs) {
-    const uint32_t want = codec.encode(x, scale), got = lbopt::codebook_encode(t, 16, x);
-    if (want != got && bad++ < 3) MESSAGE("x = " << x << " s = " << s << ": " << got << " against " << want);
+    const uint32_t want = codec.encode(x, scale), searched = lbopt::codebook_encode(t, 16, x);
+    const uint32_t candidate = codec.second ? lbopt::encode_linear_in_x(x, row)
+                                            : lbopt::encode_signed_in_x(x, row, lbopt::encode4::kSignedBuckets.first);
+    if ((want != searched || want != candidate) && bad++ < 3)
+      MESSAGE("x = " << x << " s = " << s << ": " << searched << " (search), " << candidate
+                     << " (candidate) against " << want);
   }
   return bad;
 }
@@ -47,17 +86,9 @@ TEST_CASE("4-bit codes of x by thresholds equal those of x / s, both maps, every
     for (const float s : scales()) {
       float t[16];
       for (int k = 0; k < 16; ++k) t[k] = lbopt::threshold_in_x(codec.mids, k, s);
-      std::vector<float> xs = {0.0f, -0.0f, s, -s, 1e-45f, -1e-45f};
-      for (int k = 0; k < 15; ++k) {  // every float within 4 ulps of each threshold
-        float x = t[k];
-        for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
-        for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY)) xs.push_back(x);
-      }
-      std::uniform_real_distribution<float> inside(-s, s);
-      for (int i = 0; i < 200; ++i) xs.push_back(inside(rng));
-      bad += mismatches(codec, s, t, xs);
+      bad += mismatches(codec, s, t, probes(s, t, rng));
     }
-    CHECK_MESSAGE(bad == 0, (second ? "unsigned" : "signed") << " map");
+    CHECK_MESSAGE(bad == 0, (std::string(second ? "unsigned" : "signed") + " map"));
   }
 }
 
@@ -76,4 +107,24 @@ TEST_CASE("a threshold is the least float whose quotient reaches its midpoint") 
     for (int k = 0; k < 15; ++k) CHECK((isfinite(mids[k]) && mids[k] != 0.0f));
     CHECK(isinf(mids[15]));
   }
+}
+
+TEST_CASE("the GPU's threshold terms sum exactly to h * s, so its one rounding up gives the same threshold") {
+  // The device computes T = RU(below * s + tail) in one fused multiply-add (threshold_terms); the host rounds the
+  // exact double h * s up. Both round the same real number iff below * s + tail == h * s exactly, which long double
+  // (64-bit significands) holds without rounding: below * s has 48 significant bits, tail lies within them.
+  int bad = 0;
+  for (const bool second : {false, true}) {
+    const float* mids = lbopt::host_codec<Kind4Bit>(second).mids;
+    for (const float s : scales())
+      for (int k = 0; k < 15; ++k) {
+        const lbopt::ThresholdTerms t = lbopt::threshold_terms(mids[k], s);
+        const long double sum = static_cast<long double>(t.below) * s + t.tail;
+        const long double want = static_cast<long double>(lbopt::midpoint_in_quotients(mids[k])) * s;
+        const bool tail_exact = static_cast<long double>(t.tail) ==
+                                (static_cast<long double>(mids[k]) - t.below) * 0.5L * s;
+        if ((sum != want || !tail_exact) && bad++ < 3) MESSAGE("midpoint " << k << ", s = " << s);
+      }
+  }
+  CHECK(bad == 0);
 }
