@@ -427,6 +427,21 @@ Config config_of(const Spec& s, int kind, uint32_t extra_flags) {
 
 double lr_at(int64_t step) { return 1e-3 * (1.0 + 0.5 * cos(0.7 * double(step))); }
 
+// Steps 1 to steps of every slot of ts on the host and on the device alike (lr_at(step)), then synchronizes.
+void step_both(const Config& cfg, const std::vector<Slots*>& ts, int64_t steps) {
+  for (int64_t step = 1; step <= steps; ++step) {
+    std::vector<lbopt_slot> hs, ds;
+    for (Slots* t : ts) {
+      hs.push_back(t->slot(false, step));
+      ds.push_back(t->slot(true, step));
+    }
+    for (const std::vector<lbopt_slot>* side : {&hs, &ds})
+      REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), side->data(), side->size(), nullptr) == LBOPT_OK,
+                      std::string(lbopt_last_error()));
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+}
+
 }  // namespace
 
 TEST_CASE("every optimizer, state kind and dtype pair: the CUDA step equals the CPU step bit for bit") {
@@ -448,17 +463,7 @@ TEST_CASE("every optimizer, state kind and dtype pair: the CUDA step equals the 
         for (int64_t n : sizes) ts.push_back(new Slots(cfg, pair.p, pair.g, n, ++seed));
         if (pair.flags == 0 && pair.p.bits == 32)  // more tensors than one launch takes
           for (int i = 0; i < 140; ++i) ts.push_back(new Slots(cfg, pair.p, pair.g, 1 + 53 * i, ++seed));
-        for (int64_t step = 1; step <= 3; ++step) {
-          std::vector<lbopt_slot> hs, ds;
-          for (Slots* t : ts) {
-            hs.push_back(t->slot(false, step));
-            ds.push_back(t->slot(true, step));
-          }
-          for (const std::vector<lbopt_slot>* side : {&hs, &ds})
-            REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), side->data(), side->size(), nullptr) == LBOPT_OK,
-                            std::string(lbopt_last_error()));
-        }
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        step_both(cfg, ts, 3);
         int64_t bad = 0, bad_tensors = 0;
         for (Slots* t : ts) {
           const int64_t b = t->mismatches();
@@ -492,17 +497,7 @@ TEST_CASE("tensors that start off a vector boundary step like aligned ones: the 
           for (int o = 0; o < 4; ++o)
             if (mix == 4 || mix == o)
               for (int64_t n : sizes) ts.push_back(new Slots(cfg, pt, pt, n, ++seed, offsets[o]));
-          for (int64_t step = 1; step <= 2; ++step) {
-            std::vector<lbopt_slot> hs, ds;
-            for (Slots* t : ts) {
-              hs.push_back(t->slot(false, step));
-              ds.push_back(t->slot(true, step));
-            }
-            for (const std::vector<lbopt_slot>* side : {&hs, &ds})
-              REQUIRE_MESSAGE(lbopt_step(&cfg, lr_at(step), side->data(), side->size(), nullptr) == LBOPT_OK,
-                              std::string(lbopt_last_error()));
-          }
-          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+          step_both(cfg, ts, 2);
           int64_t bad = 0;
           for (Slots* t : ts) bad += t->mismatches();
           if (bad) MESSAGE(spec.name << ", kind " << kind << ", param bits " << int(pt.bits) << ", mix " << mix);
