@@ -3,8 +3,9 @@
 // RN(T / s) >= m, so that the count of thresholds <= x is the code of RN(x / s) for every finite x. A candidate
 // code from x times a per-block factor r, within one of the code, and one compare with a threshold settle it
 // (encode_signed_in_x, encode_linear_in_x; tests/unit/test_encode_in_x.cpp checks them against the division and
-// search of quant.h's Codec). The CUDA kernels encode 4-bit states so (a division or a four-step search per
-// element costs a GPU more); the AVX-512 kernels do the same with vectors (kernels/cpu/codebook4-inl.h).
+// search of quant.h's Codec). The CUDA kernels built with gpu_encode_in_x or gpu_wide_step encode 4-bit states so
+// (docs/benchmarks.md, "GPU kernel choices"); the AVX-512 kernels do the same with vectors
+// (kernels/cpu/codebook4-inl.h).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -110,14 +111,6 @@ LBOPT_HD float threshold_of_midpoint(float m, float s) {
 #endif
 }
 
-// Threshold k of a map (midpoints mids, the last +inf) for block scale s. Midpoints are finite and non-zero but the
-// last (+inf): a map has no value-0 midpoint (both 4-bit maps' values lie on either side of 0 or above it), which
-// the unit test checks.
-LBOPT_HD float threshold_in_x(const float* mids, int k, float s) {
-  const float m = mids[k];
-  return isinf(m) ? m : threshold_of_midpoint(m, s);
-}
-
 // A block's row, as the encodes below read it, the same for both maps: entry 0 -inf, entry k + 1 the threshold T_k
 // of midpoint k = 0..14, entry 16 +inf (the unsigned map's T_15), entry 17 the candidate factor r. Entries 0 and 16
 // are fixed; value k of a block of scale s (in_x_value: T_k for k < 15, r for k = 15) goes to entry in_x_entry(k):
@@ -126,8 +119,13 @@ constexpr int kInXRow = 18;
 LBOPT_HD float in_x_factor(bool second, float s) {
   return (second ? 16.0f : float(encode4::kBucketC)) / s;  // one rounding: within r's bounds below
 }
+// Computed without a branch, so that the 16 lanes of a GPU half-warp that compute a row do not diverge: value 15
+// also computes a threshold (of midpoint 14), not kept. The midpoints are finite and non-zero (mids[15], +inf, is
+// never read): a map has no value-0 midpoint, which the unit test checks.
 LBOPT_HD float in_x_value(const float* mids, bool second, int k, float s) {
-  return k < 15 ? threshold_of_midpoint(mids[k], s) : in_x_factor(second, s);
+  const float t = threshold_of_midpoint(mids[k < 15 ? k : 14], s);
+  const float r = in_x_factor(second, s);
+  return k < 15 ? t : r;
 }
 LBOPT_HD int in_x_entry(int k) { return k < 15 ? k + 1 : 17; }
 LBOPT_HD void in_x_fixed_entries(float* row) {

@@ -86,6 +86,18 @@ LBOPT_HD uint32_t state_round_bits(uint32_t key, uint32_t i) {
   return (h ^ (h >> 16)) * 0x85EBCA6Bu;
 }
 
+// How block `block` of state `state` rounds its codes: stochastically, with its state_round_key, where the step
+// asks for it (state_sr, StepPlan::stochastic_states) and the state is a first moment; else to nearest.
+struct StateRounding {
+  bool stochastic;
+  uint32_t key;
+};
+LBOPT_HD StateRounding state_rounding(bool state_sr, bool second, uint64_t seed, int64_t step, int state,
+                                      int64_t block) {
+  if (!state_sr || second) return {false, 0u};
+  return {true, state_round_key(seed, step, state, block)};
+}
+
 // Where the codebooks live: host arrays for the CPU, shared memory for the GPU.
 struct CodebookTables {
   const float *signed4_values, *signed4_mids, *unsigned4_values, *unsigned4_mids;

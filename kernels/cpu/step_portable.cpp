@@ -98,9 +98,9 @@ void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begi
       }
     }
     for (int k = 0; k < n_states; ++k) {
-      const bool sr_codes = flags.state_stochastic_round && !codec[k].second;
-      const uint32_t key = sr_codes ? state_round_key(flags.seed, slot.step, k, b) : 0u;
-      store_state(codec[k], slot.states[k], b, start, n, st[k], sr_codes ? &key : nullptr);
+      const StateRounding r =
+          state_rounding(flags.state_stochastic_round, codec[k].second, flags.seed, slot.step, k, b);
+      store_state(codec[k], slot.states[k], b, start, n, st[k], r.stochastic ? &r.key : nullptr);
     }
   }
 }

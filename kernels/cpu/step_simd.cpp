@@ -259,9 +259,8 @@ class StepLoop {
   // The encoders on block b, whose new values are in v_.buf[b % 2].
   HWY_INLINE void start_encoders(int64_t b) {
     for (int k = 0; k < states(); ++k) {
-      const bool sr_codes = state_sr_ && !Opt::second_moment(k);
-      const uint32_t key = sr_codes ? state_round_key(seed_, int64_t(step_), k, b) : 0u;
-      enc_[k].init(codec_[k], st_[k], b, b * kBs, v_.buf[b & 1][k], absmax_[k], sr_codes ? &key : nullptr);
+      const StateRounding r = state_rounding(state_sr_, Opt::second_moment(k), seed_, int64_t(step_), k, b);
+      enc_[k].init(codec_[k], st_[k], b, b * kBs, v_.buf[b & 1][k], absmax_[k], r.stochastic ? &r.key : nullptr);
     }
   }
 

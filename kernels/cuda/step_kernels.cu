@@ -275,11 +275,7 @@ __device__ __forceinline__ const float (*warp_in_x_rows(const Codec<K> (&c)[N], 
     const int s1 = s0 + 1 < N ? s0 + 1 : s0;  // (unrolled: a constant)
     if (s0 + half >= n_states) continue;
     const bool second = half ? c[s1].second : c[s0].second;
-    const float sc = half ? scale[s1] : scale[s0];
-    // in_x_value without a branch: lane 15's threshold (of midpoint 14) is not kept
-    const float t = threshold_of_midpoint((half ? c[s1].mids : c[s0].mids)[k < 15 ? k : 14], sc);
-    const float r = in_x_factor(second, sc);
-    row[s0 + half][in_x_entry(k)] = k < 15 ? t : r;
+    row[s0 + half][in_x_entry(k)] = in_x_value(half ? c[s1].mids : c[s0].mids, second, k, half ? scale[s1] : scale[s0]);
   }
   __syncwarp();
   return row;
@@ -403,12 +399,11 @@ __device__ __forceinline__ void store_states(const Codec<K> (&c)[N], const Encod
 #pragma unroll
     for (int s = 0; s < N; ++s)
       if (s < n_states) {
-        const bool sr = state_sr && !c[s].second;
-        uint32_t key = sr ? state_round_key(seed, step, s, block) : 0u;
-        asm("" : "+r"(key));  // kept in a register: nvcc otherwise recomputes the 64-bit hash for every code
+        StateRounding r = state_rounding(state_sr, c[s].second, seed, step, s, block);
+        asm("" : "+r"(r.key));  // kept in a register: nvcc otherwise recomputes the 64-bit hash for every code
         const float* row = nullptr;
         if constexpr (kEncodeInX && K::code_bits == 4) row = rows[s];
-        store_codes<K, FULL, VEC>(c[s], tables, scale[s], row, codes[s], n, local, x[s], lane, sr, key);
+        store_codes<K, FULL, VEC>(c[s], tables, scale[s], row, codes[s], n, local, x[s], lane, r.stochastic, r.key);
       }
   }
 }

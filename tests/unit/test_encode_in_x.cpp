@@ -84,8 +84,8 @@ TEST_CASE("4-bit codes of x by thresholds equal those of x / s, both maps, every
     const lbopt::Codec<Kind4Bit> codec = lbopt::host_codec<Kind4Bit>(second);
     int bad = 0;
     for (const float s : scales()) {
-      float t[16];
-      for (int k = 0; k < 16; ++k) t[k] = lbopt::threshold_in_x(codec.mids, k, s);
+      float t[16];  // the thresholds, +inf for the missing midpoint 15
+      for (int k = 0; k < 16; ++k) t[k] = k < 15 ? lbopt::threshold_of_midpoint(codec.mids[k], s) : INFINITY;
       bad += mismatches(codec, s, t, probes(s, t, rng));
     }
     CHECK_MESSAGE(bad == 0, (std::string(second ? "unsigned" : "signed") + " map"));
@@ -96,13 +96,12 @@ TEST_CASE("a threshold is the least float whose quotient reaches its midpoint") 
   const lbopt::Codec<Kind4Bit> codec = lbopt::host_codec<Kind4Bit>(false);
   for (const float s : {0.75f, 1.0f, 1e-9f}) {
     for (int k = 0; k < 15; ++k) {
-      const float t = lbopt::threshold_in_x(codec.mids, k, s);
+      const float t = lbopt::threshold_of_midpoint(codec.mids[k], s);
       CHECK(t / s >= codec.mids[k]);
       CHECK(nextafterf(t, -INFINITY) / s < codec.mids[k]);
     }
-    CHECK(isinf(lbopt::threshold_in_x(codec.mids, 15, s)));
   }
-  for (const bool second : {false, true}) {  // what threshold_in_x assumes of the midpoints
+  for (const bool second : {false, true}) {  // what threshold_of_midpoint assumes of the midpoints
     const float* mids = lbopt::host_codec<Kind4Bit>(second).mids;
     for (int k = 0; k < 15; ++k) CHECK((isfinite(mids[k]) && mids[k] != 0.0f));
     CHECK(isinf(mids[15]));
