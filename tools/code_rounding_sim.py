@@ -5,7 +5,9 @@ AdEMAMix, every state kept as lbopt's 4-bit codes would keep it (lbopt's signed 
 blocks scaled by their absmax), the codes chosen by round-to-nearest (what the library does) or stochastically
 between the two map values around each scaled value, with probabilities that make the expected value exact: on
 every state, or on the states of the signed map only (momenta; the second moments, which divide, keep
-round-to-nearest).
+round-to-nearest). A second table takes AdEMAMix's three states one at a time (the others kept in fp32), with
+the library's default rounding (stochastic for m1 and m2, nearest for nu), and its second moment nu kept on the
+signed map's non-negative values instead of the unsigned (linear) map.
 
     LBOPT_LIBRARY=build-test/liblbopt.so.0 PYTHONPATH=bindings/python python3 tools/code_rounding_sim.py \\
         [--steps 150] [--seeds 3]
@@ -45,7 +47,8 @@ def quantize(x, values, mode, gen, second):
     return (q * scale).reshape(-1)[:n].view_as(x)
 
 
-def run(optimizer, mode, seed, steps, maps):
+def run(optimizer, mode, seed, steps, maps, quantized=(0, 1, 2)):
+    """quantized: the states (by index: m1, m2, nu for AdEMAMix) kept as codes; the others stay fp32."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 1))
     x = torch.randn(512, 32)
@@ -54,8 +57,8 @@ def run(optimizer, mode, seed, steps, maps):
     params = list(model.parameters())
     states = [[torch.zeros_like(p) for _ in range(3)] for p in params]
 
-    def keep(t, second):  # sr-signed: stochastic rounding on the signed maps' states, round-to-nearest on the others
-        if mode == "fp32":
+    def keep(t, second, state=0):  # sr-signed: stochastic rounding on the signed maps' states, nearest on the others
+        if mode == "fp32" or state not in quantized:
             return t
         rounding = "sr" if mode == "sr" or (mode == "sr-signed" and not second) else "rn"
         return quantize(t, maps[second], rounding, gen, second)
@@ -81,9 +84,9 @@ def run(optimizer, mode, seed, steps, maps):
                     m1n, m2n, nun = 0.9 * m + 0.1 * g, 0.9999 * m2 + 1e-4 * g, 0.999 * nu + 1e-3 * g * g
                     denom = nun.sqrt() / (1 - 0.999 ** t) ** 0.5 + 1e-8
                     p -= 2e-3 * ((m1n / (1 - 0.9 ** t) + 5 * m2n) / denom + 0.01 * p)
-                    m.copy_(keep(m1n, False))
-                    m2.copy_(keep(m2n, False))
-                    nu.copy_(keep(nun, True))
+                    m.copy_(keep(m1n, False, 0))
+                    m2.copy_(keep(m2n, False, 1))
+                    nu.copy_(keep(nun, True, 2))
     return statistics.mean(losses[-10:])
 
 
@@ -104,6 +107,24 @@ def main():
         cells = [f"{means['fp32']:.4g}"] + [f"{means[m]:.4g} ({100 * (means[m] / means['fp32'] - 1):+.1f}%)"
                                             for m in modes]
         print(f"| {optimizer} | " + " | ".join(cells) + " |")
+    ademamix_states(args, maps)
+
+
+def ademamix_states(args, maps):
+    """AdEMAMix's states quantized one at a time, and nu on the signed map's non-negative values."""
+    def mean(quantized, state_maps=maps):
+        return statistics.mean(run("ademamix", "sr-signed", s, args.steps, state_maps, quantized)
+                               for s in range(args.seeds))
+
+    fp32 = statistics.mean(run("ademamix", "fp32", s, args.steps, maps) for s in range(args.seeds))
+    signed = maps[False]
+    rows = [("m1 only (stochastic)", (0,), maps), ("m2 only (stochastic)", (1,), maps), ("nu only", (2,), maps),
+            ("m1 and m2, nu fp32", (0, 1), maps), ("all three", (0, 1, 2), maps),
+            ("all three, nu on the signed map", (0, 1, 2), {False: signed, True: signed[signed >= 0]})]
+    print(f"\n| AdEMAMix, 4-bit states | mean (fp32 states: {fp32:.4g}) |\n|---|---|")
+    for label, quantized, state_maps in rows:
+        m = mean(quantized, state_maps)
+        print(f"| {label} | {m:.4g} ({100 * (m / fp32 - 1):+.1f}%) |")
 
 
 if __name__ == "__main__":
