@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harness tests/fuzz/fuzz_abi.cpp through Meson (a build of its own, configured with
 # -Dfuzz=true and clang: the library's sources compiled into the fuzzer with coverage, ASan and UBSan; see
-# tests/fuzz/meson.build) and runs it for FUZZ_SECONDS (default 60) over a copy of the seed corpus
-# tests/fuzz/corpus, so the repository's corpus is never changed. Exits non-zero on a crash, leak, timeout or
-# contract violation; the reproducer lands in $FUZZ_BUILD_DIR/artifacts/.
+# tests/fuzz/meson.build) and runs it for FUZZ_SECONDS (default 60) over a copy of the repository's corpus
+# tests/fuzz/corpus. Exits non-zero on a crash, leak, timeout or contract violation; the reproducer lands in
+# $FUZZ_BUILD_DIR/artifacts/.
 #
-#   tools/fuzz.sh                         build, then fuzz for 60 s
+#   tools/fuzz.sh                         build, then fuzz for 60 s (the test command's run)
 #   FUZZ_SECONDS=600 tools/fuzz.sh        longer
+#   FUZZ_MERGE=1 FUZZ_SECONDS=3600 tools/fuzz.sh
+#                                         a campaign: after a run without a crash, the inputs it found that reach
+#                                         code or behaviour the repository's corpus does not are merged into
+#                                         tests/fuzz/corpus (libFuzzer -merge=1), so that the next run starts there;
+#                                         the last line is the campaign's row for docs/reliability.md
+#   tools/fuzz.sh --coverage              build with llvm's source-based coverage ($FUZZ_BUILD_DIR-cov), run the
+#                                         repository's corpus once, print llvm-cov's report of src/ and kernels/
 #   tools/fuzz.sh path/to/crash-...       build, then run the given inputs once (reproduce; verbose)
 #
-# Environment: FUZZ_SECONDS, FUZZ_BUILD_DIR (default build-fuzz), CXX (default clang++; CC follows it), FUZZ_ARGS
-# (extra libFuzzer flags, e.g. "-jobs=4 -workers=4").
+# Environment: FUZZ_SECONDS, FUZZ_MERGE, FUZZ_BUILD_DIR (default build-fuzz), CXX (default clang++; CC follows
+# it), FUZZ_ARGS (extra libFuzzer flags, e.g. "-jobs=4 -workers=4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 seconds=${FUZZ_SECONDS:-60}
 dir=${FUZZ_BUILD_DIR:-build-fuzz}
+coverage=0
+if [ "${1:-}" = --coverage ]; then
+  coverage=1
+  dir=$dir-cov
+  shift
+fi
 cxx=${CXX:-clang++}
 # Meson exports CXX=c++ in some shells; libFuzzer needs clang whatever the default compiler is.
 case "$("$cxx" --version 2>/dev/null | head -1)" in *clang*) ;; *) cxx=clang++ ;; esac
@@ -55,8 +68,9 @@ echo '#include <dlpack/dlpack.h>' | "$cxx" -x c++ -fsyntax-only - 2>/dev/null ||
 if [ ! -f "$dir/meson-private/coredata.dat" ]; then
   rm -rf "$dir/obj" "$dir/fuzz_abi"  # left by the former hand-written build of this script
   mkdir -p "$dir"
-  if ! CC="$cc" CXX="$cxx" meson setup "$dir" -Dfuzz=true -Dtests=false -Dcuda=disabled -Djax=disabled \
-      -Dbuildtype=custom -Doptimization=1 -Ddebug=true >"$tmp/setup.log" 2>&1; then
+  if ! CC="$cc" CXX="$cxx" meson setup "$dir" -Dfuzz=true -Dfuzz_coverage=$([ $coverage = 1 ] && echo true ||
+      echo false) -Dtests=false -Dcuda=disabled -Djax=disabled -Dbuildtype=custom -Doptimization=1 -Ddebug=true \
+      >"$tmp/setup.log" 2>&1; then
     cat "$tmp/setup.log" >&2
     echo "fuzz.sh: meson setup $dir failed" >&2
     exit 1
@@ -76,6 +90,18 @@ echo "fuzz.sh: built $fuzzer"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+# Coverage mode: the repository's corpus once (-runs=0 runs each input and no mutation), then llvm-cov's report.
+if [ $coverage = 1 ]; then
+  major=$("$cxx" --version | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)
+  profdata=$(command -v "llvm-profdata-$major" || command -v llvm-profdata)
+  llvm_cov=$(command -v "llvm-cov-$major" || command -v llvm-cov)
+  rm -f "$dir"/corpus-*.profraw
+  LLVM_PROFILE_FILE="$abs_dir/corpus-%p.profraw" "$fuzzer" -runs=0 tests/fuzz/corpus >"$dir/coverage.log" 2>&1
+  "$profdata" merge -sparse "$dir"/corpus-*.profraw -o "$dir/corpus.profdata"
+  "$llvm_cov" report "$fuzzer" -instr-profile="$dir/corpus.profdata" -ignore-filename-regex='(^|/)(tests|abi)/'
+  exit 0
+fi
 
 # Reproduce mode: run the given inputs once.
 if [ $# -gt 0 ]; then
@@ -109,3 +135,11 @@ if [ "$rc" -ne 0 ] || [ -n "$artifacts" ]; then
   exit 1
 fi
 echo "fuzz.sh: no crash"
+if [ -n "${FUZZ_MERGE:-}" ]; then
+  before=$(find tests/fuzz/corpus -type f | wc -l)
+  "$fuzzer" -merge=1 -timeout=10 -rss_limit_mb=2048 -max_len=4096 tests/fuzz/corpus "$corpus" >"$dir/merge.log" 2>&1 ||
+    { tail -n 20 "$dir/merge.log" >&2; echo "fuzz.sh: merge failed" >&2; exit 1; }
+  after=$(find tests/fuzz/corpus -type f | wc -l)
+  echo "fuzz.sh: merged $((after - before)) inputs into tests/fuzz/corpus ($after files)"
+  echo "| $(date -u +%F) | ${seconds} s | ${execs:-?} | ${eps:-?} | $after | none |"
+fi
