@@ -505,3 +505,72 @@ def test_load_plain_torch_adamw_state_dict(amsgrad):
     train(model4, opt, 6, 9)
     for p in model4.parameters():
         assert opt.state[p]["step"] == 9
+
+
+def _damage_step_2_53(st):
+    st["step"] = torch.tensor(2.0 ** 54)  # a float32 step, as torch.optim saves one
+
+
+# name -> (the kind of the optimizer and state, what damages param 0's saved entry, the error, its message)
+DAMAGES = {
+    "codes of another dtype": ("4bit", lambda st: st.__setitem__("exp_avg_codes", st["exp_avg_codes"].to(torch.int32)),
+                               ValueError, r"exp_avg_codes of a param of shape \(151, 32\) .*int32"),
+    "fp32 states of another dtype": ("fp32", lambda st: st.__setitem__("exp_avg_codes", st["exp_avg_codes"].double()),
+                                     ValueError, r"exp_avg_codes of a param of shape \(151, 32\) .*float64"),
+    "4-bit codes above 15": ("4bit", lambda st: st["exp_avg_codes"].view(-1)[7].fill_(16),
+                             ValueError, r"exp_avg_codes of a param of shape \(151, 32\) holds a code above 15"),
+    "FP8 codes that are NaN": ("fp8", lambda st: st["exp_avg_codes"].view(-1)[3].fill_(0x7F),
+                               ValueError, r"exp_avg_codes of a param of shape \(151, 32\) holds a NaN"),
+    "codes that hold no data": ("4bit", lambda st: st.__setitem__("exp_avg_codes", st["exp_avg_codes"].to("meta")),
+                                ValueError, r"exp_avg_codes of a param of shape \(151, 32\) .*meta"),
+    "codes that are no tensor": ("4bit", lambda st: st.__setitem__("exp_avg_codes", [1, 2, 3]),
+                                 TypeError, r"exp_avg_codes of a param of shape \(151, 32\) is a list"),
+    "an unknown key": ("4bit", lambda st: st.__setitem__("exp_avg_codez", torch.zeros(3)),
+                       ValueError, r"unknown key 'exp_avg_codez' .* a param of shape \(151, 32\)"),
+    "a step beyond 2^53": ("4bit", _damage_step_2_53, ValueError, r"saved step .* of a param of shape \(151, 32\)"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("form", ["checkpoint", "in-memory"])
+def test_load_refuses_damaged_entries_naming_param_and_key_and_changes_nothing(damage, form):
+    """A state dict is input like any other: a saved entry that no state_dict() writes is refused at load with an
+    error naming the param and the key, and the optimizer keeps its states."""
+    kind, damage_fn, error, message = DAMAGES[damage]
+    if form == "in-memory" and damage in ("4-bit codes above 15",):
+        pytest.skip("the in-memory form packs two 4-bit codes a byte: every byte is valid")
+    model, opt = build(kind)
+    train(model, opt, 0, 2)
+    sd = opt.state_dict() if form == "checkpoint" else _in_memory_form(opt, opt.state_dict())
+    damaged = {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()} for i, st in sd["state"].items()}
+    damage_fn(damaged[0])
+    model2, opt2 = build(kind)
+    train(model2, opt2, 0, 1)
+    before = clone_state(opt2)
+    with pytest.raises(error, match=message):
+        opt2.load_state_dict({**sd, "state": damaged})
+    for p in model2.parameters():
+        assert all(torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
+                   for k, v in before[id(p)].items())
+
+
+@pytest.mark.parametrize("damage", ["a state for a param no group lists", "an entry that is no dict"])
+def test_load_refuses_state_dicts_whose_state_is_not_per_listed_param(damage):
+    model, opt = build("4bit")
+    train(model, opt, 0, 2)
+    sd = opt.state_dict()
+    state = dict(sd["state"])
+    if damage == "an entry that is no dict":
+        state[1] = 5
+        error, message = TypeError, r"saved state of a param of shape \(151,\) is a int, not a dict"
+    else:
+        state[9] = state[0]
+        error, message = ValueError, r"state for param id 9, which no param group of the state dict lists"
+    model2, opt2 = build("4bit")
+    train(model2, opt2, 0, 1)
+    before = clone_state(opt2)
+    with pytest.raises(error, match=message):
+        opt2.load_state_dict({**sd, "state": state})
+    for p in model2.parameters():
+        assert all(torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
+                   for k, v in before[id(p)].items())

@@ -15,6 +15,7 @@ tools/gen_torch_classes.py.
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=1000)
 """
 import collections
+import collections.abc
 import contextlib
 import ctypes
 import itertools
@@ -426,6 +427,11 @@ class _LowBit(torch.optim.Optimizer):
         """((name, moment), ...) of the states a step of this group uses."""
         return _abi.optimizer_states(self._config(group, _abi.STATE_FP32))
 
+    def _state_names(self, group):
+        """The names of every state this group's optimizer keeps with some setting (amsgrad, momentum on or off)."""
+        on = {**group, **{k: v for k, v in _STATE_SETTINGS_ON.items() if k in group}}
+        return {n for n, _ in self._states(group)} | {n for n, _ in self._states(on)}
+
     def _added_states(self, group):
         """The names of the group's states that a setting adds (amsgrad, momentum): a step starts them at zero when
         the setting was turned on since, and a load accepts a saved state without them alike."""
@@ -601,8 +607,10 @@ class _LowBit(torch.optim.Optimizer):
         """Loads states saved by state_dict() of this or an earlier lbopt (plain tensors, or DTensors as
         torch.distributed.checkpoint loads them; map_location and weights_only=True work), or by torch.optim,
         torchao or bitsandbytes. Everything is checked before anything changes: groups of other sizes,
-        hyper-parameters the library refuses, a state of another kind or size than this optimizer would create
-        for its param, or a step count that is not a whole number >= 0 are refused with ValueError or TypeError.
+        hyper-parameters the library refuses, a state of another kind, size or dtype than this optimizer would
+        create for its param, codes or scales that no step writes, unknown keys, states of params that no group
+        lists, or a step count that is not a whole number in [0, 2^53] are refused with ValueError or TypeError
+        (docs/reliability.md lists the cases).
         The state tensors keep their dtypes (torch's default would cast float32 scales to the param dtype) and
         move to their param's device. Load-state-dict hooks see the whole state dict before and the whole
         state after, as torch.optim's do."""
@@ -617,6 +625,11 @@ class _LowBit(torch.optim.Optimizer):
             raise ValueError(f"lbopt: the state dict has groups of {[len(g['params']) for g in groups]} params, "
                              f"this optimizer {[len(g['params']) for g in self.param_groups]}")
         saved = state_dict["state"]
+        listed = {pid for g in groups for pid in g["params"]}
+        for pid in saved:
+            if pid not in listed:
+                raise ValueError(f"lbopt: the state dict holds a state for param id {pid!r}, which no param group of "
+                                 f"the state dict lists")
         loaded = {}
         for saved_group, group in zip(groups, self.param_groups):
             merged = {**group, **saved_group}
@@ -637,16 +650,19 @@ class _LowBit(torch.optim.Optimizer):
 
     def _loaded_state(self, p, group, name, entry):
         """The state of p from its saved entry, in any format load_state_dict reads, its block scales checked."""
+        if not isinstance(entry, collections.abc.Mapping):
+            raise TypeError(f"lbopt: the saved state of {_what(p, name)} is a {type(entry).__name__}, not a dict")
         if _import.is_foreign(entry, [n for n, _ in self._states(group)]):
             st = self._convert_foreign(p, group, name, entry)
         else:
             entry = _normalized(entry, _what(p, name))
+            _check_entry(entry, p, _what(p, name), self._state_names(group))
             if _checkpoint.is_checkpoint(entry, p):
                 st = self._convert_checkpoint(p, group, name, entry)
             else:
                 st = {k: (v.to(p.device).contiguous() if torch.is_tensor(v) else v) for k, v in entry.items()}
                 self._check_loaded(p, group, name, st)
-        _check_scales(st, _what(p, name))
+        _check_state(st, _what(p, name))
         return st
 
     def state_dict(self):
@@ -789,21 +805,54 @@ def _lr(group):
     return _real(group["lr"], "lr")
 
 
-def _check_scales(state, what):
-    """Refuses block scales that no step writes: a NaN, infinite or negative scale would decode its whole block to
-    NaN or flip its signs at the next step (a never-stepped state holds zeros)."""
+def _check_state(state, what):
+    """Refuses block scales and codes that no step writes, whatever format they were loaded from: a NaN, infinite
+    or negative scale would decode its whole block to NaN or flip its signs at the next step (a never-stepped
+    state holds zeros), and an FP8 NaN code would poison its block's absmax."""
+    fp8 = KINDS.get(state.get("state_kind")) == _abi.STATE_FP8
     for key, value in state.items():
         if key.endswith("_scales") and torch.is_tensor(value) and not bool((torch.isfinite(value) & (value >= 0)).all()):
             raise ValueError(f"lbopt: saved {key} of {what} holds a scale that is negative or not finite")
+        if fp8 and key.endswith("_codes") and torch.is_tensor(value) and bool(((value & 0x7F) == 0x7F).any()):
+            raise ValueError(f"lbopt: saved {key} of {what} holds a NaN, which no FP8 state has")
+
+
+def _check_entry(entry, p, what, names):
+    """Refuses a saved lbopt entry (either form, its kind a name) that no state_dict() writes: an unknown key, or
+    states that are no tensors, hold no data, are of another dtype than the entry's kind keeps, or hold codes no
+    encode gives (a 4-bit code above 15 in the checkpoint form, one code a byte). The kind itself and the shapes
+    are checked where the entry is read, the scales and FP8 codes on the state it gives (_check_state)."""
+    allowed = {"step", "state_kind", "dim_order"} | {n + s for n in names for s in ("_codes", "_scales")}
+    for key in entry:
+        if key not in allowed:
+            raise ValueError(f"lbopt: unknown key {key!r} in the saved state of {what} (expected {sorted(allowed)})")
+    kind = KINDS.get(entry.get("state_kind"))
+    unpacked = _checkpoint.is_checkpoint(entry, p) if kind == _abi.STATE_4BIT else False
+    for key, value in entry.items():
+        if not key.endswith(("_codes", "_scales")):
+            continue
+        if not torch.is_tensor(value):
+            raise TypeError(f"lbopt: saved {key} of {what} is a {type(value).__name__}, not a tensor")
+        local = _checkpoint._local(value)
+        if local.is_meta:
+            raise ValueError(f"lbopt: saved {key} of {what} is a meta tensor: it holds no data")
+        if kind is None:
+            continue
+        want = torch.float32 if key.endswith("_scales") or kind == _abi.STATE_FP32 else torch.uint8
+        if local.dtype != want:
+            raise ValueError(f"lbopt: saved {key} of {what} is {local.dtype}, a {entry['state_kind']} state keeps "
+                             f"{want}")
+        if key.endswith("_codes") and unpacked and local.numel() and int(local.max()) > 15:
+            raise ValueError(f"lbopt: saved {key} of {what} holds a code above 15, which no 4-bit state has")
 
 
 def _step_count(step, what):
     """A saved step count (an int, or a float or 1-element tensor as torch.optim.AdamW saves it) as an int."""
     value = step.item() if torch.is_tensor(step) and step.numel() == 1 else step
-    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-          and value == int(value))
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+          and 0 <= value <= 2 ** 53 and value == int(value))
     if not ok:
-        raise ValueError(f"lbopt: saved step {step!r} of {what} is not a whole number >= 0")
+        raise ValueError(f"lbopt: saved step {step!r} of {what} is not a whole number in [0, 2^53]")
     return int(value)
 
 
@@ -819,6 +868,7 @@ def _encode(state, moment_name, moment, values, what):
 
 # The settings that add a state when turned on, as a group with them off has them (see _added_states).
 _STATE_SETTINGS_OFF = {"amsgrad": False, "momentum": 0.0, "nesterov": False}
+_STATE_SETTINGS_ON = {"amsgrad": True, "momentum": 0.9, "nesterov": False}
 
 
 def _zero_state(kind, p, moment):
