@@ -101,6 +101,26 @@ def _pack(codes, kind):
     return (codes[0::2] << 4) | codes[1::2]
 
 
+def check_scales(scales, key, what):
+    """Refuses block scales that no step writes: a NaN, infinite or negative scale would decode its whole block to
+    NaN or flip its signs at the next step (a never-stepped state holds zeros)."""
+    if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
+        raise ValueError(f"lbopt: saved {key} of {what} holds a scale that is negative or not finite")
+
+
+def _scale_table(scales, rows, size, block, k):
+    """The scales of a piece's blocks by rows of `size` elements: row r's column 1 + j holds the scale of the j-th
+    block that the row touches (columns past its last block hold 0), column 0 left for the row offset."""
+    table = torch.zeros((rows, 1 + k), dtype=torch.float32, device=scales.device)
+    r = torch.arange(rows, device=scales.device)
+    first, last = (r * size) // block, ((r + 1) * size - 1) // block
+    for j in range(k):
+        blk = first + j
+        ok = blk <= last
+        table[ok, 1 + j] = scales[blk[ok]]
+    return table
+
+
 def to_checkpoint(state, p, local, what, moments):
     """The checkpoint entry of param p from its state (tensors over `local`, the tensor stepped for p, in
     row-major order)."""
@@ -115,16 +135,8 @@ def to_checkpoint(state, p, local, what, moments):
             continue
         size, block, k = _geometry(p, kind, what)
         out[name + "_codes"] = _global(unpack(codes, kind)[:local.numel()].view(local.shape), p)
-        rows = _rows(local.shape)
-        scales = state[name + "_scales"]
-        table = torch.zeros((rows, 1 + k), dtype=torch.float32, device=codes.device)
+        table = _scale_table(state[name + "_scales"], _rows(local.shape), size, block, k)
         table[:, 0] = float(_row_offset(p))
-        r = torch.arange(rows, device=codes.device)
-        first, last = (r * size) // block, ((r + 1) * size - 1) // block
-        for j in range(k):
-            blk = first + j
-            ok = blk <= last
-            table[ok, 1 + j] = scales[blk[ok]]
         out[name + "_scales"] = _global(table, p, (_rows(p.shape), 1 + k))
     return out
 
@@ -169,19 +181,38 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
             raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} has local shape "
                              f"{None if table is None else tuple(table.shape)}, expected {(rows, 1 + k)}")
         start = _row_offset(p)
+        first_rows = table[:, 0]  # per row, the first row of the piece it was saved in
+        row = start + torch.arange(rows, device=table.device)
+        if not bool((torch.isfinite(first_rows) & (first_rows == first_rows.round()) & (first_rows >= 0)
+                     & (first_rows <= row)).all()):
+            raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} holds row offsets (its column 0) "
+                             f"that no save writes")
+        offset = (row - first_rows.long()) * size  # each row's first element in its saved piece
+        span = (offset + size - 1) // block - offset // block  # the row's blocks there: columns 1 .. 1 + span
+        if bool((span >= k).any()):
+            raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} holds row offsets (its column 0) "
+                             f"that no save writes")
+        used = torch.arange(k, device=table.device) <= span[:, None]
+        check_scales(table[:, 1:][used], name + "_scales", what)
+        past = table[:, 1:][~used]  # columns past a row's last block: 0, or NaN as lbopt 0.3 wrote them
+        if not bool(((past == 0) | torch.isnan(past)).all()):
+            raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} holds a scale past a row's last block")
         codes = codes.to(torch.uint8)
-        if bool((table[:, 0] == start).all()):  # cut where it was saved: put codes and scales back
+        if bool((first_rows == start).all()):  # cut where it was saved: put codes and scales back
             n_blocks = state[name + "_scales"].numel()
             kb = torch.arange(n_blocks, device=codes.device) * block
             r = kb // size
-            state[name + "_scales"].copy_(table[r, 1 + kb // block - (r * size) // block])
+            scales = table[r, 1 + kb // block - (r * size) // block]
+            if not torch.equal(_scale_table(scales, rows, size, block, k)[:, 1:][used], table[:, 1:][used]):
+                raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} holds two values for the scale "
+                                 f"of a block that spans rows")
+            state[name + "_scales"].copy_(scales)
             state[name + "_codes"].copy_(_pack(codes, kind))
             continue
         # another cut: decode each element with the scale of its saved block, encode into this process's blocks
         i = torch.arange(local.numel(), device=codes.device)
         r, col = i // size, i % size
-        offset = (start + r - table[r, 0].long()) * size
-        scale = table[r, 1 + (offset + col) // block - offset // block]
+        scale = table[r, 1 + (offset[r] + col) // block - offset[r] // block]
         values = (codebook(kind, moment == _abi.MOMENT_SECOND).to(codes.device)[codes.long()] if kind != _abi.STATE_FP8
                   else codes.view(torch.float8_e4m3fn).to(torch.float32)) * scale
         reblock.append(Reblocked(name, moment, values))

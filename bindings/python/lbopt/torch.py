@@ -806,13 +806,12 @@ def _lr(group):
 
 
 def _check_state(state, what):
-    """Refuses block scales and codes that no step writes, whatever format they were loaded from: a NaN, infinite
-    or negative scale would decode its whole block to NaN or flip its signs at the next step (a never-stepped
-    state holds zeros), and an FP8 NaN code would poison its block's absmax."""
+    """Refuses block scales and codes that no step writes, whatever format they were loaded from
+    (_checkpoint.check_scales; an FP8 NaN code would poison its block's absmax)."""
     fp8 = KINDS.get(state.get("state_kind")) == _abi.STATE_FP8
     for key, value in state.items():
-        if key.endswith("_scales") and torch.is_tensor(value) and not bool((torch.isfinite(value) & (value >= 0)).all()):
-            raise ValueError(f"lbopt: saved {key} of {what} holds a scale that is negative or not finite")
+        if key.endswith("_scales") and torch.is_tensor(value):
+            _checkpoint.check_scales(value, key, what)
         if fp8 and key.endswith("_codes") and torch.is_tensor(value) and bool(((value & 0x7F) == 0x7F).any()):
             raise ValueError(f"lbopt: saved {key} of {what} holds a NaN, which no FP8 state has")
 
