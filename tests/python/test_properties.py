@@ -259,3 +259,56 @@ def test_damaged_state_dicts_load_or_are_refused_and_change_nothing(kind, optimi
         assert _same([v], [again[k]]) if torch.is_tensor(v) else v == again[k], f"{k} loaded as another value"
     model(torch.randn(4, 8)).square().sum().backward()
     opt.step()
+
+
+# ---- lbopt.jax -------------------------------------------------------------------------------------------------
+
+JAX_ARGS = {
+    "adamw": {"b1": betas, "b2": betas, "eps": small_reals, "weight_decay": small_reals},
+    "adam": {"b1": betas, "b2": betas, "eps": small_reals},
+    "sgd": {"momentum": st.one_of(st.none(), betas), "nesterov": st.booleans()},
+    "lion": {"b1": betas, "b2": betas, "weight_decay": small_reals},
+    "ademamix": {"b1": betas, "b2": betas, "b3": betas, "alpha": reals, "eps": small_reals},
+}
+
+
+@settings(SETTINGS, max_examples=25)
+@given(st.sampled_from(sorted(JAX_ARGS)), st.sampled_from(KINDS), st.data())
+def test_lbopt_jax_steps_as_optax_or_refuses(name, kind, data):
+    """Random hyper-parameters into lbopt.jax's optax transformations: refused with ValueError or TypeError when
+    made (or at init), else a step whose updates have the params' structure and dtypes, and, with fp32 states,
+    equal optax's own transformation's (within 1e-5 of the largest, and the params' rounding)."""
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    jnp = jax.numpy
+    lj = pytest.importorskip("lbopt.jax", reason="lbopt was built without the JAX FFI handler")
+    options = data.draw(st.fixed_dictionaries({}, optional=JAX_ARGS[name]))
+    lr = data.draw(st.one_of(st.floats(0, 0.1), reals))
+    grad = data.draw(st.sampled_from(["normal", "nan"]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 99)))
+    params = {"w": jnp.asarray(rng.standard_normal((8, 12)), jnp.float32),
+              "b": jnp.asarray(rng.standard_normal(12), jnp.float32)}
+    grads = jax.tree_util.tree_map(lambda p: jnp.full_like(p, jnp.nan) if grad == "nan" else p * 0.5 + 0.1, params)
+    try:
+        tx = getattr(lj, name)(lr, **options, state_kind=kind, min_quant_size=0)
+        state = tx.init(params)
+    except ERRORS:
+        return
+    updates, _ = tx.update(grads, state, params)
+    assert jax.tree_util.tree_structure(updates) == jax.tree_util.tree_structure(params)
+    assert all(u.dtype == p.dtype and u.shape == p.shape
+               for u, p in zip(jax.tree_util.tree_leaves(updates), jax.tree_util.tree_leaves(params)))
+    if kind != "fp32" or grad == "nan" or not math.isfinite(lr):
+        return
+    twin = {"ademamix": lambda: pytest.importorskip("optax.contrib").ademamix}.get(name, lambda: getattr(optax, name))()
+    try:
+        ref_tx = twin(lr, **options)
+        ref, _ = ref_tx.update(grads, ref_tx.init(params), params)
+    except Exception:  # optax takes what lbopt refuses (it checks nothing): no reference
+        return
+    # lbopt.jax steps the params in place and returns the difference, which float32 rounds to the params' ulps
+    for a, b, p in zip(*map(jax.tree_util.tree_leaves, (updates, ref, params))):
+        a, b, p = np.asarray(a), np.asarray(b), np.asarray(p)
+        if np.isfinite(b).all():
+            tol = 1e-5 * np.abs(b).max() + 4 * np.finfo(np.float32).eps * np.abs(p).max()
+            assert np.abs(a - b).max() <= tol, f"{name}: not optax's update"

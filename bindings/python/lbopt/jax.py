@@ -23,6 +23,7 @@ arguments aliased to its results, so XLA writes them in place; donate the state 
 """
 import ctypes
 import inspect
+import math
 import os
 import pathlib
 from typing import Any, NamedTuple
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _abi
-from .functional import KINDS, state_layout
+from .functional import KINDS, config, state_layout
 
 __all__ = ["invoke", "adamw", "adam", "adamw_apply", "sgd", "lion", "ademamix", "OptimizerState"]
 
@@ -183,6 +184,25 @@ class _Transformation:
         for s in states:
             if f"{s}_codes" not in names or f"{s}_scales" not in names:
                 raise ValueError(f"{who}: the library's {family} operators have no state {s!r}")
+        self._check_concrete()
+
+    def _check_concrete(self):
+        """The checks the library makes of a step's hyper-parameters and lr (lbopt_optimizer_config_validate), made
+        here on the concrete ones, so that a value it refuses raises ValueError when the transformation is made,
+        not an XLA runtime error at the first step; a schedule or traced value is checked by the step."""
+        def concrete(v):
+            return not callable(v) and not _traced(v)
+
+        options = {k: v for k, v in self.hyper.items() if concrete(v) and k not in _ROUNDING_ATTRS}
+        rounding = [v for k, v in _ROUNDING_ATTRS.items() if self.hyper.get(k)]
+        try:
+            config(self.family, self.state_kind, **options, state_stochastic_round=rounding[0] if rounding else None)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{self.who}: {e}") from None
+        lr = self.learning_rate
+        _refuse_unless(self.who, "learning_rate", lr if concrete(lr) else None,
+                       lambda x: math.isfinite(np.float32(x)) and float(x) >= 0,
+                       "an lr is finite (as a float32: the step takes it so) and >= 0")
 
     def _op_name(self, kind):
         return f"lbopt.{self.family}_step_capturable.{kind}"
@@ -364,6 +384,10 @@ def _float32_only(who, name, dtype):
 
 def _no_eps_root(who, eps_root):
     _refuse_unless(who, "eps_root", eps_root, lambda e: float(e) == 0.0, "lbopt's kernels add eps outside the root")
+
+
+# the operators' attributes of state_stochastic_round, and the value each stands for
+_ROUNDING_ATTRS = {"state_stochastic_round": True, "state_nearest_round": False}
 
 
 def _rounding(who, state_stochastic_round):
