@@ -301,3 +301,62 @@ def fsdp_offload(rank, world, kind, steps):
     losses = [train(model, opt, 3, start=steps)[0] for model, opt in zip(models, opts)]
     return {"params": [full_params(m) for m in models], "same_states": same_states, "losses": losses,
             "local_types": sorted({type(o.host).__name__ for o in opts[1]._offloaded.values()})}
+
+
+# ---- faults: a rank killed in a step or in a save, and the job restarted ---------------------------------------
+
+def _latest_complete(path):
+    """The last step whose checkpoint under path is complete: DCP writes a checkpoint's .metadata last, on the
+    coordinator, once every rank's data is written, so a directory without it is a save that did not finish."""
+    done = [int(d.split("-")[1]) for d in os.listdir(path) if os.path.exists(os.path.join(path, d, ".metadata"))]
+    return max(done, default=0)
+
+
+def resumable_train(rank, world, kinds, path, total, every, kill=None):
+    """Train the whole-block FSDP2 model with each of `kinds` in lockstep to step `total`, saving each model and
+    optimizer with DCP to path/<kind>/step-N every `every` steps, after resuming each from its last complete
+    checkpoint (as a job restarted by torchrun --max-restarts resumes). kill = (step, rank, where): that rank
+    SIGKILLs itself inside the first kind's optimizer.step() of that step (where "step"), or while writing the
+    last kind's checkpoint of that step (where "save": after its data, before the checkpoint's metadata)."""
+    import signal
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    class DyingWriter(FileSystemWriter):
+        def write_data(self, plan, planner):
+            written = super().write_data(plan, planner)
+            written.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    dying = kill is not None and kill[1] == rank
+    now = {"step": 0}
+    runs = []
+    for kind in kinds:
+        os.makedirs(os.path.join(path, kind), exist_ok=True)
+        model = make_model(world, ALIGNED_HIDDEN)
+        opt = make_opt(model, kind)
+        start = _latest_complete(os.path.join(path, kind))
+        if start:
+            model_sd, optim_sd = get_state_dict(model, opt)
+            sd = {"model": model_sd, "optim": optim_sd}
+            dcp.load(sd, checkpoint_id=os.path.join(path, kind, f"step-{start}"))
+            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        runs.append({"kind": kind, "model": model, "opt": opt, "start": start, "losses": []})
+    if dying and kill[2] == "step":
+        runs[0]["opt"].register_step_pre_hook(
+            lambda *_: os.kill(os.getpid(), signal.SIGKILL) if now["step"] == kill[0] else None)
+    for step in range(min(r["start"] for r in runs), total):
+        now["step"] = step
+        for r in runs:
+            if step < r["start"]:
+                continue
+            r["losses"] += train(r["model"], r["opt"], 1, start=step)[0]
+            if (step + 1) % every == 0 and step + 1 < total:
+                model_sd, optim_sd = get_state_dict(r["model"], r["opt"])
+                target = os.path.join(path, r["kind"], f"step-{step + 1}")
+                last = dying and kill[2] == "save" and kill[0] == step + 1 and r is runs[-1]
+                dcp.save({"model": model_sd, "optim": optim_sd},
+                         storage_writer=DyingWriter(target) if last else FileSystemWriter(target))
+    return {r["kind"]: {"start": r["start"], "losses": r["losses"], "params": full_params(r["model"])} for r in runs}

@@ -189,3 +189,43 @@ def test_cpu_offload_of_fsdp2_shards_steps_like_the_optimizer_on_them(tmp_path, 
         assert rank["same_states"]
         assert rank["losses"][0] == rank["losses"][1]
         assert rank["local_types"] == ["DTensor"]
+
+
+# ---- faults: a rank killed, the job restarted from its last complete checkpoint --------------------------------
+
+TOTAL, EVERY = 12, 4
+FAULT_KINDS = ["fp32", "4bit"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: the same job, never killed (checkpoints in a directory of its own)."""
+    return cases.run(cases.resumable_train, 2, tmp_path_factory.mktemp("out"), FAULT_KINDS,
+                     str(tmp_path_factory.mktemp("ref")), TOTAL, EVERY)
+
+
+@pytest.mark.parametrize("kill, resumed_from", [((10, 1, "step"), {"fp32": 8, "4bit": 8}),
+                                                ((8, 0, "save"), {"fp32": 8, "4bit": 4})])
+def test_a_killed_rank_resumes_from_the_last_complete_checkpoint_bit_identically(
+        tmp_path, uninterrupted, kill, resumed_from):
+    """A rank SIGKILLed inside optimizer.step() (or while writing the 4-bit run's checkpoint, after the fp32 run's
+    was written) ends the job; the job started again resumes each run from its last checkpoint whose save
+    finished and ends where the uninterrupted job ends, params and losses bit for bit (fp32 states, and 4-bit
+    states on whole-block shards). A checkpoint whose save was killed has no metadata: DCP's reader refuses it."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = tmp_path / "checkpoints"
+    for d in ("killed", "resumed"):
+        (tmp_path / d).mkdir()
+    with pytest.raises(Exception, match="signal|SIGKILL|exited"):
+        cases.run(cases.resumable_train, 2, tmp_path / "killed", FAULT_KINDS, str(path), TOTAL, EVERY, kill)
+    if kill[2] == "save":
+        with pytest.raises(FileNotFoundError):
+            FileSystemReader(str(path / FAULT_KINDS[-1] / f"step-{kill[0]}")).read_metadata()
+    resumed = cases.run(cases.resumable_train, 2, tmp_path / "resumed", FAULT_KINDS, str(path), TOTAL, EVERY)
+    for got, ref in zip(resumed, uninterrupted):
+        for kind in FAULT_KINDS:
+            assert got[kind]["start"] == resumed_from[kind], kind
+            assert got[kind]["losses"] == ref[kind]["losses"][resumed_from[kind]:], kind
+            for name, p in ref[kind]["params"].items():
+                assert torch.equal(got[kind]["params"][name], p), (kind, name)
