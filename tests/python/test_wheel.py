@@ -7,6 +7,8 @@ import subprocess
 import sys
 import zipfile
 
+import test_version
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -14,6 +16,7 @@ def test_wheel_carries_the_library_and_works(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path / "dist")], check=True, cwd=tmp_path)
     wheel, = (tmp_path / "dist").glob("lbopt-*.whl")
+    assert wheel.name.startswith(f"lbopt-{test_version.meson_version()}-")  # the version is Meson's
     names = zipfile.ZipFile(wheel).namelist()
     assert "lbopt/liblbopt.so" in names and "lbopt/torch.py" in names and "lbopt/demo.py" in names
     site = tmp_path / "site"
