@@ -32,6 +32,11 @@ def test_wheel_carries_the_library_and_works(tmp_path):
                          check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout.split()
     assert out[0].startswith(str(site))
     assert abs(float(out[1]) - (1 * (1 - 0.1 * 0.01) - 0.1)) < 1e-5  # decay, then a unit Adam step of size lr
+    # every kind steps, and C code builds against the package's header and pkg-config file and runs
+    assert "lbopt/include/lbopt.h" in names and "lbopt/pkgconfig/lbopt.pc" in names
+    smoke = subprocess.run([sys.executable, str(ROOT / "tools" / "wheel_smoke.py")], check=True, capture_output=True,
+                           text=True, env=env, cwd=tmp_path).stdout
+    assert f"lbopt {test_version.meson_version()} from {site}" in smoke
     if importlib.util.find_spec("jax") is None:
         return
     # built where jax is importable: the FFI handler travels in the wheel and finds liblbopt beside it

@@ -12,14 +12,31 @@ AdEMAMix, stepped in place by the lbopt C library (CPU, and CUDA where it was bu
   lbopt.demo        a character-level language model trained with fp32, 8-bit and 4-bit states
 
 This module: the loaded library's version() and build_info(), the threads of its CPU pool
-(set_num_threads, get_num_threads), and the errors it raises (LbOptError, LbOptTypeError, LbOptValueError).
+(set_num_threads, get_num_threads), the errors it raises (LbOptError, LbOptTypeError, LbOptValueError), and where
+an installed wheel keeps the C header and pkg-config file (get_include, get_pkgconfig_dir) for C and C++ code.
 """
 import json
+import pathlib
 
 from ._abi import LbOptError, LbOptTypeError, LbOptValueError, lib
 
 __all__ = ["LbOptError", "LbOptTypeError", "LbOptValueError", "build_info", "set_num_threads", "get_num_threads",
-           "version"]
+           "version", "get_include", "get_pkgconfig_dir"]
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def get_include():
+    """The directory of lbopt.h: the package's own in a wheel, the source tree's abi/ in a checkout."""
+    own = _HERE / "include"
+    return str(own if own.is_dir() else _HERE.parents[1] / "abi")
+
+
+def get_pkgconfig_dir():
+    """The directory of the wheel's lbopt.pc (for PKG_CONFIG_PATH); None in a checkout, whose build writes its
+    own (meson-private/lbopt.pc)."""
+    own = _HERE / "pkgconfig"
+    return str(own) if own.is_dir() else None
 
 
 def version():

@@ -89,7 +89,8 @@ def _global(local, p, shape=None):
                                      stride=stride)
 
 
-def _local(t):
+def local_tensor(t):
+    """A DTensor's local shard, or the tensor itself."""
     return t.to_local() if is_dtensor(t) else t
 
 
@@ -165,7 +166,7 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
         saved = entry.get(name + "_codes")
         if saved is None or tuple(saved.shape) != tuple(p.shape):
             raise ValueError(f"lbopt: the checkpoint's {name} of {what} is missing or of another global shape")
-        codes = _local(saved)
+        codes = local_tensor(saved)
         if codes.numel() != local.numel():
             raise ValueError(f"lbopt: the checkpoint's {name} of {what} has {codes.numel()} local elements, the "
                              f"param {local.numel()}")
@@ -175,7 +176,7 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
             continue
         size, block, k = _geometry(p, kind, what)
         table = entry.get(name + "_scales")
-        table = None if table is None else _local(table)
+        table = None if table is None else local_tensor(table)
         rows = _rows(local.shape)
         if table is None or tuple(table.shape) != (rows, 1 + k):
             raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} has local shape "
@@ -183,13 +184,11 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
         start = _row_offset(p)
         first_rows = table[:, 0]  # per row, the first row of the piece it was saved in
         row = start + torch.arange(rows, device=table.device)
-        if not bool((torch.isfinite(first_rows) & (first_rows == first_rows.round()) & (first_rows >= 0)
-                     & (first_rows <= row)).all()):
-            raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} holds row offsets (its column 0) "
-                             f"that no save writes")
-        offset = (row - first_rows.long()) * size  # each row's first element in its saved piece
+        valid = (torch.isfinite(first_rows) & (first_rows == first_rows.round()) & (first_rows >= 0)
+                 & (first_rows <= row))
+        offset = (row - torch.where(valid, first_rows, row).long()) * size  # each row's first element in its piece
         span = (offset + size - 1) // block - offset // block  # the row's blocks there: columns 1 .. 1 + span
-        if bool((span >= k).any()):
+        if not bool((valid & (span < k)).all()):
             raise ValueError(f"lbopt: the checkpoint's {name}_scales of {what} holds row offsets (its column 0) "
                              f"that no save writes")
         used = torch.arange(k, device=table.device) <= span[:, None]

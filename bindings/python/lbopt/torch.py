@@ -832,7 +832,7 @@ def _check_entry(entry, p, what, names):
             continue
         if not torch.is_tensor(value):
             raise TypeError(f"lbopt: saved {key} of {what} is a {type(value).__name__}, not a tensor")
-        local = _checkpoint._local(value)
+        local = _checkpoint.local_tensor(value)
         if local.is_meta:
             raise ValueError(f"lbopt: saved {key} of {what} is a meta tensor: it holds no data")
         if kind is None:
