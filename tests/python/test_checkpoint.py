@@ -71,14 +71,7 @@ def train(model, opt, start, stop):
 # ---- helpers -------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread, here and in the fresh process: the same matmuls there and here, and no OpenMP
-    spinning on a busy machine (these tiny models gain nothing from threads)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 def roundtrip(obj, **load_kwargs):
@@ -302,6 +295,16 @@ def test_refused_load_leaves_optimizer_unchanged():
     train(m4, o4, 3, 4)  # and it still steps
 
 
+def assert_refused_unchanged(model, opt, state_dict, error, message):
+    """opt.load_state_dict(state_dict) raises error (its message matching) and leaves every state as it was."""
+    before = clone_state(opt)
+    with pytest.raises(error, match=message):
+        opt.load_state_dict(state_dict)
+    for p in model.parameters():
+        assert all(torch.equal(v, opt.state[p][k]) if torch.is_tensor(v) else v == opt.state[p][k]
+                   for k, v in before[id(p)].items())
+
+
 def _in_memory_form(opt, sd):
     """sd with each param's state as the optimizer holds it (the flat form lbopt 0.3 saved)."""
     return {"state": {i: dict(opt.state[p]) for i, p in enumerate(opt.param_groups[0]["params"])},
@@ -357,12 +360,8 @@ def test_load_refuses_damaged_scales_and_changes_nothing(bad, form):
     scales[(0, 1) if form == "checkpoint" else 0] = bad
     model2, opt2 = build("4bit")
     train(model2, opt2, 0, 1)
-    before = clone_state(opt2)
-    with pytest.raises(ValueError, match=r"saved exp_avg_sq_scales of a param of shape \(151, 32\) holds a scale"):
-        opt2.load_state_dict({**sd, "state": damaged})
-    for p in model2.parameters():
-        assert all(torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
-                   for k, v in before[id(p)].items())
+    assert_refused_unchanged(model2, opt2, {**sd, "state": damaged}, ValueError,
+                             r"saved exp_avg_sq_scales of a param of shape \(151, 32\) holds a scale")
 
 
 def test_load_of_states_sized_for_other_params_raises():
@@ -546,12 +545,7 @@ def test_load_refuses_damaged_entries_naming_param_and_key_and_changes_nothing(d
     damage_fn(damaged[0])
     model2, opt2 = build(kind)
     train(model2, opt2, 0, 1)
-    before = clone_state(opt2)
-    with pytest.raises(error, match=message):
-        opt2.load_state_dict({**sd, "state": damaged})
-    for p in model2.parameters():
-        assert all(torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
-                   for k, v in before[id(p)].items())
+    assert_refused_unchanged(model2, opt2, {**sd, "state": damaged}, error, message)
 
 
 @pytest.mark.parametrize("damage", ["a state for a param no group lists", "an entry that is no dict"])
@@ -568,9 +562,4 @@ def test_load_refuses_state_dicts_whose_state_is_not_per_listed_param(damage):
         error, message = ValueError, r"state for param id 9, which no param group of the state dict lists"
     model2, opt2 = build("4bit")
     train(model2, opt2, 0, 1)
-    before = clone_state(opt2)
-    with pytest.raises(error, match=message):
-        opt2.load_state_dict({**sd, "state": state})
-    for p in model2.parameters():
-        assert all(torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
-                   for k, v in before[id(p)].items())
+    assert_refused_unchanged(model2, opt2, {**sd, "state": state}, error, message)

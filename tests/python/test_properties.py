@@ -30,12 +30,7 @@ KIND_SUFFIX = {"4bit": "4bit", "8bit": "8bit", "fp8": "Fp8", "fp32": ""}
 ERRORS = (ValueError, TypeError)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 # Numbers a caller may pass: ordinary ones, and the edges and non-numbers that must be refused or handled.

@@ -34,13 +34,7 @@ X = torch.randn(256, 64, generator=_g)
 Y = torch.randint(0, 10, (256,), generator=_g)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny matmuls: one intra-op thread is faster and insensitive to a loaded machine. Restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------
