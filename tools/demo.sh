@@ -12,6 +12,6 @@ python3 -m pip install -q torch tqdm matplotlib
 # overrides (meson's option cuda).
 cuda=disabled
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then cuda=auto; fi
-# The CPU kernels for this machine alone (-Dcpu_native: one SIMD target, about 3x faster to build; the same results).
+# The CPU kernels for this machine alone (-Dcpu_native: one SIMD target, about 2x faster to build; the same results).
 python3 -m pip install -q . -Csetup-args=-Dcuda="${LBOPT_CUDA:-$cuda}" -Csetup-args=-Dcpu_native=true
 python3 -m lbopt.demo "$@"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The smoke test of an installed lbopt wheel, run by the Python that has it (tools/build_wheel.sh runs it in a
 fresh virtual environment, tests/python/test_wheel.py with the wheel on PYTHONPATH), from any directory outside
-the source tree: every state kind steps, and a C program built with the flags of the package's pkg-config file
-(its header, its library) walks the operator registry. Prints one line: the version, the operator count and the
+the source tree: every state kind steps, get_include() holds lbopt.h, and a C program built with the flags of the
+package's pkg-config file (its header, its library) walks the operator registry. Prints one line: the version, the operator count and the
 build (CPU kernels, CUDA architectures)."""
 import os
 import subprocess
@@ -35,6 +35,7 @@ def main():
         F.adamw_step([p], [g], [{"m": F.zeros_state(kind, 1000), "v": F.zeros_state(kind, 1000)}], lr=0.1,
                      steps=[1], kind=kind)
         assert abs(p[0] - 0.899) < 1e-3, (kind, p[0])  # decay, then a unit Adam step of size lr
+    assert os.path.isfile(os.path.join(lbopt.get_include(), "lbopt.h")), lbopt.get_include()
     pc_dir = lbopt.get_pkgconfig_dir()
     assert pc_dir, "the package has no pkg-config file"
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "lbopt"], check=True, capture_output=True, text=True,

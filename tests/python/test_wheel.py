@@ -24,15 +24,7 @@ def test_wheel_carries_the_library_and_works(tmp_path):
                    check=True)
     env = {k: v for k, v in os.environ.items() if k != "LBOPT_LIBRARY"}
     env["PYTHONPATH"] = str(site)
-    out = subprocess.run([sys.executable, "-c", "import lbopt, lbopt.functional as F, numpy as np;"
-                          "p = np.ones(300, np.float32); g = np.ones(300, np.float32);"
-                          "st = {'m': F.zeros_state('4bit', 300), 'v': F.zeros_state('4bit', 300)};"
-                          "F.adamw_step([p], [g], [st], lr=0.1, steps=[1]);"
-                          "print(lbopt.__file__, float(p[0]))"],
-                         check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout.split()
-    assert out[0].startswith(str(site))
-    assert abs(float(out[1]) - (1 * (1 - 0.1 * 0.01) - 0.1)) < 1e-5  # decay, then a unit Adam step of size lr
-    # every kind steps, and C code builds against the package's header and pkg-config file and runs
+    # from the installed package: every kind steps, and C code builds against its header and pkg-config file
     assert "lbopt/include/lbopt.h" in names and "lbopt/pkgconfig/lbopt.pc" in names
     smoke = subprocess.run([sys.executable, str(ROOT / "tools" / "wheel_smoke.py")], check=True, capture_output=True,
                            text=True, env=env, cwd=tmp_path).stdout

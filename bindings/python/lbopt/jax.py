@@ -396,9 +396,8 @@ def _rounding(who, state_stochastic_round):
     if _traced(state_stochastic_round):
         raise ValueError(f"{who}: state_stochastic_round must be None, True or False, not a traced value (under "
                          "optax.inject_hyperparams, name it in static_args)")
-    flag = _abi.state_rounding_flags(state_stochastic_round)
-    return {"state_stochastic_round": True} if flag == _abi.FLAG_STATE_STOCHASTIC_ROUND else (
-        {"state_nearest_round": True} if flag else {})
+    _abi.state_rounding_flags(state_stochastic_round)  # refuses anything but None, True and False
+    return {name: True for name, value in _ROUNDING_ATTRS.items() if state_stochastic_round is value}
 
 
 def _bind(f, args, kwargs):
