@@ -102,6 +102,9 @@ LBOPT_API const char* lbopt_state_kind_name(lbopt_state_kind kind);
 typedef enum lbopt_moment {
   LBOPT_MOMENT_FIRST = 0, /* m, exp_avg */
   LBOPT_MOMENT_SECOND = 1, /* v, exp_avg_sq, and max_exp_avg_sq */
+  LBOPT_MOMENT_SECOND_SIGNED = 2, /* a non-negative state on the 4-bit signed map's non-negative codes, a positive
+                                     value never on the code of 0 (AdEMAMix's nu); as LBOPT_MOMENT_SECOND for
+                                     the other kinds. Since 0.4 */
   LBOPT_MOMENT_INT32_ = 0x7fffffff, /* not moments: the enum spans every int32, whatever a caller passes */
   LBOPT_MOMENT_INT32_MIN_ = -0x7fffffff - 1
 } lbopt_moment;
@@ -161,6 +164,9 @@ LBOPT_API lbopt_status lbopt_dequantize(lbopt_state_kind kind, lbopt_moment mome
 #define LBOPT_FLAG_STATE_NEAREST_ROUND 0x80u /* round them to nearest. Neither flag: the default of the optimizer
                                                and kind, stochastic for SGD, Lion and AdEMAMix with 4-bit and FP8
                                                states, nearest otherwise; both: refused. Since 0.4 */
+#define LBOPT_FLAG_NU_LINEAR_MAP 0x100u /* AdEMAMix (lbopt_step only): keep nu on the unsigned map (4-bit: the
+                                              linear one, as lbopt 0.3 did) instead of LBOPT_MOMENT_SECOND_SIGNED.
+                                              Since 0.4 */
 #define LBOPT_FLAGS_ALL 0xDFu               /* the flags lbopt_adamw_config knows */
 
 typedef struct lbopt_adamw_config {
@@ -257,6 +263,9 @@ typedef enum lbopt_optimizer {
                                    decay; state momentum_buffer (none when momentum = 0) */
   LBOPT_OPTIMIZER_LION = 2,     /* Lion (bitsandbytes' update), decoupled weight decay; state exp_avg */
   LBOPT_OPTIMIZER_ADEMAMIX = 3, /* AdEMAMix (bitsandbytes' update): states m1, m2, nu */
+  LBOPT_OPTIMIZER_MUON = 4,     /* Muon's momentum, as torch.optim.Muon: momentum, LBOPT_FLAG_NESTEROV; state
+                                   momentum_buffer. Writes the update direction into slot.param (not read) for the
+                                   caller to orthogonalize and apply; lr is checked but not read. Since 0.4 */
   LBOPT_OPTIMIZER_INT32_ = 0x7fffffff, /* not optimizers: the enum spans every int32, whatever a caller passes */
   LBOPT_OPTIMIZER_INT32_MIN_ = -0x7fffffff - 1
 } lbopt_optimizer;

@@ -4,7 +4,7 @@ fp32-state run of the same optimizer, same seeds, same data, same lr schedule; w
 low-bit optimizers where they exist, so that a gap shows as the format's or lbopt's.
 
 usage: LBOPT_LIBRARY=build-release/liblbopt.so.0 PYTHONPATH=bindings/python \\
-       python3 bench/accuracy.py [--tasks charlm,regression] [--optimizers adamw,sgd,lion,ademamix]
+       python3 bench/accuracy.py [--tasks charlm,regression] [--optimizers adamw,sgd,lion,ademamix,muon]
        [--seeds 3] [--charlm-steps 1000] [--regression-steps 150] [--jobs 2] [--device cpu] [--json PATH]
        [--no-peers] [--variants 'fp32,4-bit,4-bit (nearest),...'] [--skip 'adamw:torchao 8-bit,...']
 
@@ -35,11 +35,18 @@ OPTIMIZERS = {
     "sgd": ("SGD", 0.03, 0.05, dict(momentum=0.9)),
     "lion": ("Lion", 3e-4, 1e-3, dict(weight_decay=0.01)),
     "ademamix": ("AdEMAMix", 3e-3, 2e-3, dict(weight_decay=0.01)),
+    "muon": ("Muon", 0.02, 0.02, dict(weight_decay=0.01)),
 }
+# Muon steps the hidden layers' matrices (lbopt.torch.muon_param_groups; the regression's head is module 2); the
+# other params go to AdamW with fp32 states at AdamW's lr, whatever the variant, so that the variants differ in
+# Muon's momentum alone
+MUON_REST = {"charlm": ("embed", "lm_head", "head", "output"), "regression": ("2.",)}
 KINDS = {"fp32": "", "8-bit": "8bit", "FP8": "Fp8", "4-bit": "4bit"}
-# a quantized kind with its first-moment codes rounded one way (state_stochastic_round), where the plain kind takes
-# the library's default: "4-bit (nearest)", "8-bit (stochastic)"
-ROUNDINGS = {"nearest": False, "stochastic": True}
+# a quantized kind with one setting other than the library's default: its first-moment codes rounded one way
+# (state_stochastic_round): "4-bit (nearest)", "8-bit (stochastic)"; AdEMAMix's nu on lbopt 0.3's linear 4-bit map
+# (the param group's nu_linear_map): "4-bit (linear nu)"
+SETTINGS = {"nearest": dict(state_stochastic_round=False), "stochastic": dict(state_stochastic_round=True),
+            "linear nu": dict(group=dict(nu_linear_map=True))}
 # optimizer -> [(variant, package, class)]: the peers' low-bit versions of it
 PEERS = {
     "adamw": [("torchao 4-bit", "torchao.optim", "AdamW4bit"), ("torchao 8-bit", "torchao.optim", "AdamW8bit"),
@@ -50,21 +57,28 @@ PEERS = {
 CHARLM = dict(d_model=128, layers=4, heads=4, context=64, batch=32, max_chars=2_000_000, val_batches=16)
 
 
-def make_optimizer(torch, optimizer, variant, params, lr, task):
+def make_optimizer(torch, optimizer, variant, model, lr, task):
+    """The optimizers of a run, as a list: one, or Muon and the AdamW of the params it does not step."""
     stem, _, _, kwargs = OPTIMIZERS[optimizer]
-    kind, _, rounding = variant.rstrip(")").partition(" (")
+    kind, _, setting = variant.rstrip(")").partition(" (")
+    params = list(model.parameters())
     if kind in KINDS:
         import lbopt.torch as lt
 
         extra = dict(min_quant_size=0) if task == "regression" else {}
-        if rounding:
-            extra["state_stochastic_round"] = ROUNDINGS[rounding]
-        return getattr(lt, stem + KINDS[kind])(params, lr=lr, **kwargs, **extra)
+        extra.update(SETTINGS[setting] if setting else {})
+        group = extra.pop("group", {})
+        rest = []
+        if optimizer == "muon":
+            params, rest = lt.muon_param_groups(model, adamw_names=MUON_REST[task])
+            _, adamw_charlm, adamw_regression, adamw_kwargs = OPTIMIZERS["adamw"]
+            rest = [lt.AdamW(rest, lr=adamw_charlm if task == "charlm" else adamw_regression, **adamw_kwargs)]
+        return [getattr(lt, stem + KINDS[kind])([dict(params=params, **group)], lr=lr, **kwargs, **extra), *rest]
     package, cls = next((p, c) for v, p, c in PEERS[optimizer] if v == variant)
     module = __import__(package, fromlist=[cls])
     if package.startswith("torchao"):
-        return getattr(module, cls)(params, lr=torch.tensor(lr), **kwargs)  # a tensor lr: no recompile per lr
-    return getattr(module, cls)(params, lr=lr, **kwargs)
+        return [getattr(module, cls)(params, lr=torch.tensor(lr), **kwargs)]  # a tensor lr: no recompile per lr
+    return [getattr(module, cls)(params, lr=lr, **kwargs)]
 
 
 def charlm(torch, make, steps, seed, device):
@@ -79,17 +93,19 @@ def charlm(torch, make, steps, seed, device):
     split = int(0.9 * len(data))
     train_data, val_data = data[:split], data[split:]
     model = demo.build_model(torch, len(chars), args).to(device)
-    opt = make(model.parameters())
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: demo.lr_factor(step, steps))
+    opts = make(model)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: demo.lr_factor(step, steps)) for o in opts]
     gen, val_gen = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(12345)
     val = [demo.sample_batch(torch, val_data, val_gen, args, device) for _ in range(args.val_batches)]
     for _ in range(steps):
         x, y = demo.sample_batch(torch, train_data, gen, args, device)
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
-        sched.step()
+        for o, s in zip(opts, scheds):
+            o.step()
+            s.step()
     model.eval()
     with torch.no_grad():
         return statistics.mean(torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
@@ -101,13 +117,15 @@ def regression(torch, make, steps, seed, device):
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 1)).to(device)
     x = torch.randn(512, 32, device=device)
     y = x[:, :4].sum(1, keepdim=True).sin()
-    opt = make(model.parameters())
+    opts = make(model)
     losses = []
     for _ in range(steps):
         loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad(set_to_none=True)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        for o in opts:
+            o.step()
         losses.append(loss.item())
     return statistics.mean(losses[-10:])
 
@@ -125,7 +143,7 @@ def run(job):
         lbopt.set_num_threads(1)
         _, lr_charlm, lr_regression, _ = OPTIMIZERS[optimizer]
         lr = lr_charlm if task == "charlm" else lr_regression
-        make = lambda params: make_optimizer(torch, optimizer, variant, params, lr, task)  # noqa: E731
+        make = lambda model: make_optimizer(torch, optimizer, variant, model, lr, task)  # noqa: E731
         metric = (charlm if task == "charlm" else regression)(torch, make, steps, seed, device)
         if not math.isfinite(metric):
             return job, None, f"diverged ({metric})", time.perf_counter() - t0
@@ -136,7 +154,9 @@ def run(job):
 
 
 def variants(optimizer, peers):
-    return ([*KINDS, *(f"{k} ({r})" for k in KINDS if k != "fp32" for r in ROUNDINGS)]
+    roundings = [s for s in SETTINGS if "state_stochastic_round" in SETTINGS[s]]
+    return ([*KINDS, *(f"{k} ({r})" for k in KINDS if k != "fp32" for r in roundings)]
+            + (["4-bit (linear nu)"] if optimizer == "ademamix" else [])
             + ([v for v, _, _ in PEERS.get(optimizer, [])] if peers else []))
 
 

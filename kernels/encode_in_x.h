@@ -116,15 +116,15 @@ LBOPT_HD float threshold_of_midpoint(float m, float s) {
 // are fixed; value k of a block of scale s (in_x_value: T_k for k < 15, r for k = 15) goes to entry in_x_entry(k):
 // 16 values a map and block, which a GPU warp computes for two states at once.
 constexpr int kInXRow = 18;
-LBOPT_HD float in_x_factor(bool second, float s) {
-  return (second ? 16.0f : float(encode4::kBucketC)) / s;  // one rounding: within r's bounds below
+LBOPT_HD float in_x_factor(bool linear, float s) {  // linear: the unsigned map
+  return (linear ? 16.0f : float(encode4::kBucketC)) / s;  // one rounding: within r's bounds below
 }
 // Computed without a branch, so that the 16 lanes of a GPU half-warp that compute a row do not diverge: value 15
 // also computes a threshold (of midpoint 14), not kept. The midpoints are finite and non-zero (mids[15], +inf, is
 // never read): a map has no value-0 midpoint, which the unit test checks.
-LBOPT_HD float in_x_value(const float* mids, bool second, int k, float s) {
+LBOPT_HD float in_x_value(const float* mids, bool linear, int k, float s) {
   const float t = threshold_of_midpoint(mids[k < 15 ? k : 14], s);
-  const float r = in_x_factor(second, s);
+  const float r = in_x_factor(linear, s);
   return k < 15 ? t : r;
 }
 LBOPT_HD int in_x_entry(int k) { return k < 15 ? k + 1 : 17; }

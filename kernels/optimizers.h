@@ -8,13 +8,14 @@
 #include "optim/adamw.h"
 #include "optim/ademamix.h"
 #include "optim/lion.h"
+#include "optim/muon.h"
 #include "optim/sgd.h"
 #include "type_list.h"
 
 namespace lbopt {
 
 // In lbopt_optimizer order (OptimizerId): an optimizer's index is its id.
-using Optimizers = TypeList<AdamW, Sgd, Lion, AdEMAMix>;
+using Optimizers = TypeList<AdamW, Sgd, Lion, AdEMAMix, Muon>;
 static_assert(Optimizers::size == kNumOptimizers, "one list entry per OptimizerId");
 
 // One slot's derived scalars, whichever the optimizer: a union of every optimizer's Scalars.

@@ -20,7 +20,10 @@ template <class K>
 struct Codec {
   const float* values = nullptr;  // the moment's codebook (kinds with one)
   const float* mids = nullptr;
-  bool second = false;            // a second moment: the non-negative map, zero guarded where K has a zero code
+  bool second = false;            // not a first moment: never negative, never rounded stochastically
+  bool unsigned_map = false;      // the kind's non-negative map (4-bit: the linear one); else its signed map
+  uint32_t zero = kNoZero;        // second: the code of 0, which a positive value must not take (guard_zero)
+  static constexpr uint32_t kNoZero = ~0u;
 
   // A block's scale as the encode takes it: scale is what the block stores, inverse RN(1 / scale) where
   // K::reciprocal. The two encodes differ by at most an ulp, which moves a code only for a y within an ulp of a
@@ -40,16 +43,13 @@ struct Codec {
   LBOPT_HD float encode_input(float x, BlockScale b) const { return K::reciprocal ? x * b.inverse : x / b.scale; }
 
   LBOPT_HD uint32_t encode(float x, BlockScale b) const {
-    const float y = encode_input(x, b);
-    return guard_zero(K::encode_value(y, mids), y);
+    return guard_zero(K::encode_value(encode_input(x, b), mids), x);
   }
 
-  // The code of y = encode_input(...) as a map's encode gave it, kept off zero for a positive y: a map whose code
-  // 0 is the value 0 would flush a tiny positive v to 0 and blow up m / sqrt(v); the smallest positive code is
-  // one code step away and keeps the update bounded.
-  LBOPT_HD uint32_t guard_zero(uint32_t code, float y) const {
-    return K::zero_code && second && code == 0 && y > 0.0f ? 1u : code;
-  }
+  // The code of x as a map's encode gave it, kept off zero for a positive x: a map with a code for 0 would flush
+  // a tiny positive v to 0 and blow up m / sqrt(v); the smallest positive code, the next one up in every map,
+  // keeps the update bounded.
+  LBOPT_HD uint32_t guard_zero(uint32_t code, float x) const { return code == zero && x > 0.0f ? code + 1 : code; }
 
   LBOPT_HD float decode(uint32_t code, float scale) const { return K::decode_value(code, values) * scale; }
 
@@ -104,29 +104,44 @@ struct CodebookTables {
   const float *signed8_values, *signed8_mids, *unsigned8_values, *unsigned8_mids;
 };
 
-// The codec of kind K for a first (signed maps) or second moment (the non-negative ones: v and vmax).
+// The moment a state of kind K is kept as: kMomentSecondSigned is a 4-bit map, the unsigned map elsewhere.
 template <class K>
-LBOPT_HD Codec<K> codec_of(bool second, const CodebookTables& t) {
-  if constexpr (K::entries == 16)
-    return {second ? t.unsigned4_values : t.signed4_values, second ? t.unsigned4_mids : t.signed4_mids, second};
-  else if constexpr (K::entries == 256)
-    return {second ? t.unsigned8_values : t.signed8_values, second ? t.unsigned8_mids : t.signed8_mids, second};
-  else
-    return {nullptr, nullptr, second};
+LBOPT_HD constexpr Moment kind_moment(Moment m) {
+  return m == kMomentSecondSigned && K::code_bits != 4 ? kMomentSecond : m;
+}
+
+// The codec of kind K for a moment: first moments on the signed maps, second ones on the non-negative maps (v and
+// vmax), 4-bit kMomentSecondSigned on the signed map's non-negative codes (its code 7 is 0).
+template <class K>
+LBOPT_HD Codec<K> codec_of(Moment moment, const CodebookTables& t) {
+  const Moment m = kind_moment<K>(moment);
+  Codec<K> c;
+  c.second = m != kMomentFirst;
+  c.unsigned_map = m == kMomentSecond;
+  if constexpr (K::entries == 16) {
+    c.values = c.unsigned_map ? t.unsigned4_values : t.signed4_values;
+    c.mids = c.unsigned_map ? t.unsigned4_mids : t.signed4_mids;
+    if (m == kMomentSecondSigned) c.zero = 7;
+  } else if constexpr (K::entries == 256) {
+    c.values = c.unsigned_map ? t.unsigned8_values : t.signed8_values;
+    c.mids = c.unsigned_map ? t.unsigned8_mids : t.signed8_mids;
+  }
+  if (K::zero_code && c.unsigned_map) c.zero = 0;
+  return c;
 }
 
 template <class K>
-Codec<K> host_codec(bool second) {
+Codec<K> host_codec(Moment moment) {
   using namespace codebook;
   static constexpr CodebookTables tables{kSigned4Values, kSigned4Mids, kUnsigned4Values, kUnsigned4Mids,
                                          kSigned8Values, kSigned8Mids, kUnsigned8Values, kUnsigned8Mids};
-  return codec_of<K>(second, tables);
+  return codec_of<K>(moment, tables);
 }
 
 // A state's codec named at run time (lbopt_quantize, lbopt_dequantize): the loops make Codec<K> of it.
 struct StateCodec {
   int kind;
-  bool second_moment;
+  Moment moment;
 };
 
 }  // namespace lbopt

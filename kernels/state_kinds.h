@@ -44,6 +44,12 @@ LBOPT_HD float fp8_e4m3_decode(uint8_t c) {
   return (c & 0x80u) ? -mag : mag;
 }
 
+// Which codebook a state's codes index; values match lbopt_moment. A first moment is signed; the others are
+// never negative, never round stochastically, and keep a positive value off a code for 0. kMomentSecondSigned
+// is a 4-bit state on the signed map's non-negative codes (finer near 0 than the unsigned linear map); on the
+// other kinds it is the same as kMomentSecond.
+enum Moment : int { kMomentFirst = 0, kMomentSecond = 1, kMomentSecondSigned = 2, kNumMoments = 3 };
+
 // What a kind is unless it says otherwise.
 struct KindDefaults {
   static constexpr bool float_codes = false;  // the "codes" are the float32 values themselves, with no scales

@@ -195,7 +195,7 @@ lbopt_status lbopt_optimizer_states(const lbopt_optimizer_config* config, lbopt_
     with_optimizer(h.optimizer, [&](auto opt) {
       using Opt = decltype(opt);
       for (int k = 0; k < n; ++k)
-        states[k] = {Opt::kStateNames[k], Opt::second_moment(k) ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_FIRST};
+        states[k] = {Opt::kStateNames[k], int32_t(Opt::moment(h, k))};
     });
     *n_states = size_t(n);
     return LBOPT_OK;

@@ -97,7 +97,7 @@ template <bool kToState>
 lbopt_status cpu_convert(const ConvertPlan& plan) {
   const DefaultFpEnv fp_env;
   const int64_t block = work_block_size(plan.kind);
-  ConvertRun run{&plan, StateCodec{plan.kind, plan.second_moment}, std::max<int64_t>(1, kTaskElements / block),
+  ConvertRun run{&plan, StateCodec{plan.kind, plan.moment}, std::max<int64_t>(1, kTaskElements / block),
                  (plan.numel + block - 1) / block};
   parallel_for((run.n_blocks + run.per_task - 1) / run.per_task, [](void* ctx, int64_t t) {
     auto* r = static_cast<ConvertRun*>(ctx);

@@ -31,6 +31,7 @@ constexpr ConfigField kConfigFields[] = {
     {"adam", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_ADAM_COUPLED_DECAY},
     {"amsgrad", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_AMSGRAD},
     {"nesterov", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_NESTEROV},
+    {"nu_linear_map", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_NU_LINEAR_MAP},
     {"maximize", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_MAXIMIZE},
     {"bf16_stochastic_round", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_BF16_STOCHASTIC_ROUND},
     {"skip_nonfinite", LBOPT_ATTR_BOOL, nullptr, LBOPT_FLAG_SKIP_NONFINITE},
@@ -75,7 +76,7 @@ constexpr bool descriptor_known() {
   return true;
 }
 static_assert(descriptor_known<AdamW>() && descriptor_known<Sgd>() && descriptor_known<Lion>() &&
-                  descriptor_known<AdEMAMix>(),
+                  descriptor_known<AdEMAMix>() && descriptor_known<Muon>(),
               "every name in an optimizer's descriptor is a field of lbopt_optimizer_config");
 
 }  // namespace lbopt

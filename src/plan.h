@@ -41,7 +41,7 @@ struct StepPlan {
 struct ConvertPlan {
   Device device;
   int kind = 0;
-  bool second_moment = false;
+  Moment moment = kMomentFirst;
   int64_t numel = 0;
   float* values = nullptr;  // the float32 side
   StateRef state;

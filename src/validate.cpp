@@ -323,7 +323,7 @@ lbopt_status check_range(double x, const Param& p) {
               p.range == ValueRange::kUnitOpen ? ')' : ']');
 }
 
-constexpr uint32_t kKnownFlags = LBOPT_FLAGS_ALL | LBOPT_FLAG_NESTEROV;
+constexpr uint32_t kKnownFlags = LBOPT_FLAGS_ALL | LBOPT_FLAG_NESTEROV | LBOPT_FLAG_NU_LINEAR_MAP;
 
 // An optimizer's fields, flags and rules as its descriptor gives them; fields it does not read are not checked.
 template <class Opt>
@@ -424,6 +424,7 @@ Hyper hyper_of(const lbopt_optimizer_config& c) {
   h.coupled_decay = c.flags & LBOPT_FLAG_ADAM_COUPLED_DECAY;
   h.amsgrad = c.flags & LBOPT_FLAG_AMSGRAD;
   h.nesterov = c.flags & LBOPT_FLAG_NESTEROV;
+  h.nu_linear_map = c.flags & LBOPT_FLAG_NU_LINEAR_MAP;
   h.maximize = c.flags & LBOPT_FLAG_MAXIMIZE;
   return h;
 }
@@ -590,7 +591,7 @@ lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool
 lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const DLTensor* values, lbopt_state state,
                               bool to_state, void* stream, ConvertPlan* plan) {
   LBOPT_TRY(validate_kind(kind, "kind"));
-  if (moment != LBOPT_MOMENT_FIRST && moment != LBOPT_MOMENT_SECOND)
+  if (int(moment) < 0 || int(moment) >= kNumMoments)
     return fail(LBOPT_ERR_INVALID_VALUE, "moment = %d is not an lbopt_moment", int(moment));
   CallChecker ck;
   CallChecker::View v;
@@ -602,7 +603,7 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
   LBOPT_TRY(ck.device_supported());
   plan->device = ck.device();
   plan->kind = kind;
-  plan->second_moment = moment == LBOPT_MOMENT_SECOND;
+  plan->moment = Moment(moment);
   plan->numel = v.numel;
   plan->values = reinterpret_cast<float*>(v.data);
   // Host values that would poison a block scale or have no code are refused here; on CUDA the kernel cannot refuse
@@ -611,7 +612,7 @@ lbopt_status validate_convert(lbopt_state_kind kind, lbopt_moment moment, const 
     for (int64_t i = 0; i < plan->numel; ++i) {
       const float x = plan->values[i];
       if (!isfinite(x)) return fail(LBOPT_ERR_NONFINITE, "src[%lld] = %g is not finite", (long long)i, x);
-      if (plan->second_moment && x < 0.0f)
+      if (plan->moment != kMomentFirst && x < 0.0f)
         return fail(LBOPT_ERR_INVALID_VALUE, "src[%lld] = %g is negative; a second-moment state is >= 0",
                     (long long)i, x);
     }

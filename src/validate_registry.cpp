@@ -88,7 +88,8 @@ lbopt_status validate_kind_name(const char* s, lbopt_state_kind* out) {
 lbopt_status validate_moment_name(const char* s, lbopt_moment* out) {
   if (strcmp(s, "m") == 0) *out = LBOPT_MOMENT_FIRST;
   else if (strcmp(s, "v") == 0) *out = LBOPT_MOMENT_SECOND;
-  else return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'moment' = '%s' is not 'm' or 'v'", s);
+  else if (strcmp(s, "v_signed") == 0) *out = LBOPT_MOMENT_SECOND_SIGNED;
+  else return fail(LBOPT_ERR_INVALID_VALUE, "attribute 'moment' = '%s' is not 'm', 'v' or 'v_signed'", s);
   return LBOPT_OK;
 }
 

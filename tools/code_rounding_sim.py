@@ -96,7 +96,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    maps = {second: imports.codebook(abi.STATE_4BIT, second).to(torch.float32).sort().values
+    maps = {second: imports.codebook(abi.STATE_4BIT, int(second)).to(torch.float32).sort().values
             for second in (False, True)}
     modes = ("rn", "sr-signed", "sr")
     print("| optimizer | fp32 states | 4-bit, round-to-nearest | 4-bit, stochastic on signed states | 4-bit, "

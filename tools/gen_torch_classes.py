@@ -47,6 +47,10 @@ CLASSES = (
     ("AdEMAMix8bit", "LowBitAdEMAMix", "8bit", "AdEMAMix with 8-bit dynamic-map states (block 256)."),
     ("AdEMAMixFp8", "LowBitAdEMAMix", "fp8", "AdEMAMix with float8 e4m3 states (block 256)."),
     ("AdEMAMix", "LowBitAdEMAMix", "fp32", "AdEMAMix with full-precision (fp32) states."),
+    ("Muon4bit", "LowBitMuon", "4bit", "Muon with a 4-bit momentum (block 128), 0.53 bytes/param."),
+    ("Muon8bit", "LowBitMuon", "8bit", "Muon with an 8-bit dynamic-map momentum (block 256)."),
+    ("MuonFp8", "LowBitMuon", "fp8", "Muon with a float8 e4m3 momentum (block 256)."),
+    ("Muon", "LowBitMuon", "fp32", "Muon with a full-precision (fp32) momentum."),
 )
 
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-OPTIMIZERS = {"AdamW": "AdamW", "Sgd": "SGD", "Lion": "Lion", "AdEMAMix": "AdEMAMix"}
+OPTIMIZERS = {"AdamW": "AdamW", "Sgd": "SGD", "Lion": "Lion", "AdEMAMix": "AdEMAMix", "Muon": "Muon"}
 KINDS = {"Kind4Bit": ("4-bit", 128), "Kind8Bit": ("8-bit", 256), "KindFp8": ("FP8", 256), "KindFp32": ("fp32", 256)}
 DTYPES = {"0": "fp32", "1": "bf16"}
 REGS_PER_SM, MAX_WARPS_PER_SM, WARPS_PER_CTA = 65536, 64, 8  # sm_80 and sm_90; kThreads = 256

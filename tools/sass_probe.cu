@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
   using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
   const WarpStride warps = warp_stride();
-  const StepCodecs<Opt, K> codecs = step_codecs<Opt, K>();
+  const StepCodecs<Opt, K> codecs = step_codecs<Opt, K>(Hyper());  // each state on its default map
   constexpr int kBytes = kParam == kFloat32 ? 4 : 2;
   for (int64_t w = warps.first; w < n_blocks; w += warps.count) {
     BlockArgs<Opt, K> k = args;

@@ -26,6 +26,14 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 #if LBOPT_EXACT_FMA
 
+// f(std::integral_constant<Moment, m>()) for the moment m of a codec (kind_moment's, of kind K).
+template <class K, class F>
+HWY_INLINE void with_moment(const Codec<K>& c, const F& f) {
+  if (!c.second) return f(std::integral_constant<Moment, kMomentFirst>());
+  if (c.unsigned_map) return f(std::integral_constant<Moment, kMomentSecond>());
+  if constexpr (K::code_bits == 4) return f(std::integral_constant<Moment, kMomentSecondSigned>());
+}
+
 // A state's codec with its 4-bit codebook laid out for lookup16.
 template <class K>
 struct SimdCodec {
@@ -96,14 +104,14 @@ HWY_INLINE VF fp8_decode(VU code) {
 // The codes of elements i .. i + lanes - 1 of a block (codes: the block's first byte), decoded and scaled.
 // 4-bit: `scaled` is the codebook times the block's scale (scale_table), so that an element's decode is its
 // lookup alone, with the product Codec::decode rounds per element.
-template <class K, bool kSecond = false>
+template <class K, Moment kM = kMomentFirst>
 HWY_INLINE VF decode_vec(const SimdCodec<K>& sc, const uint8_t* codes, int64_t i, VF scale, const Table16& scaled) {
   const DF df;
   if constexpr (K::code_bits == 4) {
     const auto code = nibbles_vec(codes, i);
     // **unsigned 4-bit decode**: the map (k + 1) / 16 as RN((code + 1) s / 16), a conversion and a multiply-add,
     // equal to the scaled table's entry (s / 16 is exact); no table is scaled for it
-    if (TargetPolicy::linear_decode4 && kSecond) {
+    if (TargetPolicy::linear_decode4 && kM == kMomentSecond) {
       const auto s16 = hn::Set(df, hn::GetLane(scale) * 0.0625f);
       return hn::MulAdd(hn::ConvertTo(df, hn::And(code, hn::Set(DI(), 15))), s16, s16);
     }
@@ -117,8 +125,8 @@ HWY_INLINE VF decode_vec(const SimdCodec<K>& sc, const uint8_t* codes, int64_t i
 
 // Whether decode_vec reads a scaled table for a state: 4-bit, but for the unsigned map it computes.
 template <class K>
-constexpr bool scales_table(bool second) {
-  return K::code_bits == 4 && !(TargetPolicy::linear_decode4 && second);
+HWY_INLINE bool scales_table(const Codec<K>& c) {
+  return K::code_bits == 4 && !(TargetPolicy::linear_decode4 && c.unsigned_map);
 }
 
 // decode_vec's 4-bit table for a block of scale `scale`.
@@ -153,8 +161,8 @@ HWY_INLINE VU fp8_encode(VF y) {
 }
 
 // **4-bit pack**: two vectors of codes (even: the first of the pair) to lanes bytes at out. The unsigned map's
-// codes < 0 (Encode4Linear's of a negative x) become 0, as do Encode4Signed's of y < -mids[14] on AVX2.
-template <bool kSecond>
+// codes < 0 (Encode4Linear's of a negative x; kClamp) become 0, as do Encode4Signed's of y < -mids[14] on AVX2.
+template <bool kClamp>
 HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
 #if LBOPT_X86_NIBBLES
   // both vectors packed to 16-bit lanes (per 128-bit block k: lanes 4k .. 4k + 3 of the even vector, then of the
@@ -183,7 +191,7 @@ HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
   const DU du;
   const auto shift = nibble_shifts();
   const auto pairs = [&](VI v) HWY_ATTR {
-    if (kSecond) v = hn::Max(v, hn::Zero(di));
+    if (kClamp) v = hn::Max(v, hn::Zero(di));
     const auto pair = hn::BitCast(DU64(), hn::Shl(hn::BitCast(du, v), shift));
     return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
   };
@@ -287,30 +295,30 @@ class BlockEncoder {
     st.scales[b] = scale_.scale;
     if (K::code_bits == 4 && sr_) gaps_.init(sc, scale_.scale);
 #if LBOPT_ENCODE4_IN_X
-    if constexpr (K::code_bits == 4) thresholds_.init(sc.c.second, scale_.scale);
+    if constexpr (K::code_bits == 4) thresholds_.init(sc.c.unsigned_map, scale_.scale);
 #endif
   }
 
   // Vector i of the block (i a multiple of the lane count, in order: 4-bit codes are packed in pairs of vectors,
-  // kOdd: the second of its pair). kSecond: the state is a second moment (sc.c.second), on the non-negative map.
-  template <bool kSecond, bool kOdd>
+  // kOdd: the second of its pair). kM: the state's moment as kind_moment gives it (the codec's, sc.c).
+  template <Moment kM, bool kOdd>
   HWY_INLINE void vec(int64_t i) {
     const DF df;
-    const DU du;
     const auto xi = hn::Load(df, x_ + i);
-    const auto yi = encode_input(xi);
-    VI c = codes_of<kSecond>(xi, yi);
-    if (!kSecond && sr_) c = stochastic(c, xi, i);
+    VI c = codes_of<kM>(xi, encode_input(xi));
+    if (kM == kMomentFirst && sr_) c = stochastic(c, xi, i);
+    constexpr bool kGuard = kM == kMomentSecondSigned || (K::zero_code && kM == kMomentSecond);
+    if (kGuard) {  // Codec::guard_zero
+      const DI di;
+      const auto zero = hn::Set(di, kM == kMomentSecondSigned ? 7 : 0);
+      const auto lift = hn::And(hn::Eq(c, zero), hn::RebindMask(di, hn::Gt(xi, hn::Zero(df))));
+      c = hn::IfThenElse(lift, hn::Add(zero, hn::Set(di, 1)), c);
+    }
     if constexpr (K::code_bits == 4) {
-      if (kOdd) pack4<kSecond>(even_, c, codes_ + ((i - int64_t(hn::Lanes(df))) >> 1));
+      if (kOdd) pack4<kM == kMomentSecond>(even_, c, codes_ + ((i - int64_t(hn::Lanes(df))) >> 1));
       else hn::Store(c, DI(), even_);
     } else {
-      auto u = hn::BitCast(du, c);
-      if (K::zero_code && kSecond) {  // Codec::encode's guard of the zero code
-        const auto lift = hn::And(hn::Eq(u, hn::Zero(du)), hn::RebindMask(du, hn::Gt(yi, hn::Zero(df))));
-        u = hn::IfThenElse(lift, hn::Set(du, 1u), u);
-      }
-      hn::StoreU(hn::TruncateTo(DU8(), u), DU8(), codes_ + i);
+      hn::StoreU(hn::TruncateTo(DU8(), hn::BitCast(DU(), c)), DU8(), codes_ + i);
     }
   }
 
@@ -339,21 +347,22 @@ class BlockEncoder {
   }
 
   // The codes of x (4-bit in x) or of y = encode_input(x), before the zero guard.
-  template <bool kSecond>
+  template <Moment kM>
   HWY_INLINE VI codes_of(VF xi, VF yi) const {
+    constexpr bool kUnsigned = kM == kMomentSecond;
     const DF df;
     if constexpr (std::is_same_v<K, KindFp8>) {
       return hn::BitCast(DI(), fp8_encode(yi));
     } else if constexpr (K::entries == 256) {
       // **8-bit encode**; the map known at compile time: its fields are constants, not loads after every store
-      return Encode8Arith(df, yi, kSecond ? kEncode8Unsigned : kEncode8Signed);
+      return Encode8Arith(df, yi, kUnsigned ? kEncode8Unsigned : kEncode8Signed);
     } else {
 #if LBOPT_ENCODE4_IN_X
       (void)yi;
-      return kSecond ? thresholds_.code_linear(xi) : thresholds_.code_signed(xi);
+      return kUnsigned ? thresholds_.code_linear(xi) : thresholds_.code_signed(xi);
 #else
       (void)xi;
-      return kSecond ? Encode4Linear(df, yi) : Encode4Signed(df, yi);
+      return kUnsigned ? Encode4Linear(df, yi) : Encode4Signed(df, yi);
 #endif
     }
   }
@@ -378,13 +387,12 @@ HWY_INLINE void encode_block(const SimdCodec<K>& sc, StateRef st, int64_t b, int
   BlockEncoder<K> enc;
   enc.init(sc, st, b, start, x, absmax);
   const int64_t n = int64_t(hn::Lanes(DF()));
-  const auto run = [&](auto second) HWY_ATTR {
+  with_moment<K>(sc.c, [&](auto m) HWY_ATTR {
     for (int64_t i = 0; i < bs; i += 2 * n) {
-      enc.template vec<decltype(second)::value, false>(i);
-      enc.template vec<decltype(second)::value, true>(i + n);
+      enc.template vec<decltype(m)::value, false>(i);
+      enc.template vec<decltype(m)::value, true>(i + n);
     }
-  };
-  sc.c.second ? run(std::true_type()) : run(std::false_type());
+  });
 }
 
 #endif  // LBOPT_EXACT_FMA

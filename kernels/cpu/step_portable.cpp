@@ -74,7 +74,7 @@ void step_typed(const StepSlot& slot, const StepFlags& flags, int64_t block_begi
   const typename Opt::Scalars& s = slot.scalars.get<Opt>();
   const int n_states = Opt::states(flags.hyper);
   Codec<K> codec[kMaxStates];
-  for (int k = 0; k < n_states; ++k) codec[k] = host_codec<K>(Opt::second_moment(k));
+  for (int k = 0; k < n_states; ++k) codec[k] = host_codec<K>(Opt::moment(flags.hyper, k));
   constexpr int64_t bs = K::work_block;
   auto* param = static_cast<typename P::T*>(slot.param);
   const auto* grad = static_cast<const typename G::T*>(slot.grad);
@@ -158,7 +158,7 @@ template <class F>
 void for_each_block(const StateCodec& codec, int64_t numel, int64_t block_begin, int64_t block_end, const F& f) {
   with_kind(codec.kind, [&](auto kind) {
     using K = decltype(kind);
-    const Codec<K> c = host_codec<K>(codec.second_moment);
+    const Codec<K> c = host_codec<K>(codec.moment);
     for (int64_t b = block_begin; b < block_end; ++b) {
       const int64_t start = b * K::work_block;
       f(c, b, start, std::min(K::work_block, numel - start));

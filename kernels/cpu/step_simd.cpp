@@ -91,11 +91,12 @@ class StepLoop {
         numel_(slot.numel),
         round_(param_round(pdt(), flags)),
         state_sr_(flags.state_stochastic_round),
+        nu_linear_(flags.hyper.nu_linear_map),
         seed_(flags.seed),
         step_(uint64_t(slot.step)),
         grad_factor_(slot.grad_factor) {
     for (int k = 0; k < kMaxStates; ++k) st_[k] = slot.states[k];
-    for (int k = 0; k < states(); ++k) codec_[k].init(host_codec<K>(Opt::second_moment(k)));
+    for (int k = 0; k < states(); ++k) codec_[k].init(host_codec<K>(Opt::moment(flags.hyper, k)));
   }
 
   // Blocks [b0, b1); returns b1.
@@ -155,7 +156,7 @@ class StepLoop {
     for (int k = 0; k < states(); ++k) {
       if (kQuantized) {  // decoded a vector at a time in the update loop
         bst_[k] = {v_.buf[b & 1][k], block_codes<K>(st_[k], start), st_[k].scales[b]};
-        if (scales_table<K>(Opt::second_moment(k))) scale_table(codec_[k], bst_[k].scale, scaled_[k]);
+        if (scales_table(codec_[k].c)) scale_table(codec_[k], bst_[k].scale, scaled_[k]);
       } else {  // updated in place
         bst_[k] = {static_cast<float*>(st_[k].codes) + start, nullptr, 0.0f};
       }
@@ -204,14 +205,29 @@ class StepLoop {
     if (has<2>()) __builtin_prefetch(static_cast<float*>(st_[2].codes) + e, 1);
   }
 
+  // f(std::integral_constant<Moment, m>()) for state k's moment m (kind_moment's): a constant, but for a state
+  // whose moment LBOPT_FLAG_NU_LINEAR_MAP changes (AdEMAMix's 4-bit nu), one of two picked per call.
+  template <int k>
+  static constexpr Moment kMoment = kind_moment<K>(Opt::moment(Hyper(), k));
+  template <int k>
+  static constexpr Moment kLinearMoment = kind_moment<K>(Opt::moment(nu_linear_hyper(), k));
+  template <int k, class F>
+  HWY_INLINE decltype(auto) with_state_moment(const F& f) const {
+    if constexpr (kMoment<k> != kLinearMoment<k>)
+      if (nu_linear_) return f(std::integral_constant<Moment, kLinearMoment<k>>());
+    return f(std::integral_constant<Moment, kMoment<k>>());
+  }
+
   // State k's values of vector i as the block holds them (0 for an inactive state).
   template <int k>
   HWY_INLINE VF load(int64_t i) const {
     if constexpr (!kMayHave<k>) return hn::Zero(DF());
     else if (!has<k>()) return hn::Zero(DF());
     else if constexpr (kQuantized)
-      return decode_vec<K, Opt::second_moment(k)>(codec_[k], bst_[k].codes, i, hn::Set(DF(), bst_[k].scale),
-                                                  scaled_[k]);
+      return with_state_moment<k>([&](auto m) HWY_ATTR {
+        return decode_vec<K, decltype(m)::value>(codec_[k], bst_[k].codes, i, hn::Set(DF(), bst_[k].scale),
+                                                 scaled_[k]);
+      });
     else
       return hn::LoadU(DF(), bst_[k].values + i);  // FP32 states: the caller's memory, any alignment
   }
@@ -259,7 +275,7 @@ class StepLoop {
   // The encoders on block b, whose new values are in v_.buf[b % 2].
   HWY_INLINE void start_encoders(int64_t b) {
     for (int k = 0; k < states(); ++k) {
-      const StateRounding r = state_rounding(state_sr_, Opt::second_moment(k), seed_, int64_t(step_), k, b);
+      const StateRounding r = state_rounding(state_sr_, codec_[k].c.second, seed_, int64_t(step_), k, b);
       enc_[k].init(codec_[k], st_[k], b, b * kBs, v_.buf[b & 1][k], absmax_[k], r.stochastic ? &r.key : nullptr);
     }
   }
@@ -274,7 +290,7 @@ class StepLoop {
   template <int k, bool kOdd>
   HWY_INLINE void encode_state(int64_t i) {
     if constexpr (kMayHave<k>)
-      if (has<k>()) enc_[k].template vec<Opt::second_moment(k), kOdd>(i);
+      if (has<k>()) with_state_moment<k>([&](auto m) HWY_ATTR { enc_[k].template vec<decltype(m)::value, kOdd>(i); });
   }
 
   // The encoders' whole block; kWithParam: the param update of the block at start beside it (**two-pass update**).
@@ -297,6 +313,7 @@ class StepLoop {
   int64_t numel_;
   ParamRound round_;
   bool state_sr_;
+  bool nu_linear_;
   uint64_t seed_, step_;
   float grad_factor_;
   StateRef st_[kMaxStates];
@@ -448,7 +465,7 @@ int64_t QuantizeFullBlocks(const StateCodec& codec, const float* src, StateRef d
     using K = decltype(kind);
     b1 = whole_blocks_end(K::work_block, numel, b1);
     if constexpr (K::float_codes) return b0;
-    else return b1 <= b0 ? b0 : quantize_blocks(host_codec<K>(codec.second_moment), src, dst, b0, b1);
+    else return b1 <= b0 ? b0 : quantize_blocks(host_codec<K>(codec.moment), src, dst, b0, b1);
   });
 }
 
@@ -458,7 +475,7 @@ int64_t DequantizeFullBlocks(const StateCodec& codec, StateRef src, float* dst, 
     using K = decltype(kind);
     b1 = whole_blocks_end(K::work_block, numel, b1);
     if constexpr (K::float_codes) return b0;
-    else return b1 <= b0 ? b0 : dequantize_blocks(host_codec<K>(codec.second_moment), src, dst, b0, b1);
+    else return b1 <= b0 ? b0 : dequantize_blocks(host_codec<K>(codec.moment), src, dst, b0, b1);
   });
 }
 

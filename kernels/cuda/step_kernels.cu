@@ -274,8 +274,8 @@ __device__ __forceinline__ const float (*warp_in_x_rows(const Codec<K> (&c)[N], 
   for (int s0 = 0; s0 < N; s0 += 2) {
     const int s1 = s0 + 1 < N ? s0 + 1 : s0;  // (unrolled: a constant)
     if (s0 + half >= n_states) continue;
-    const bool second = half ? c[s1].second : c[s0].second;
-    row[s0 + half][in_x_entry(k)] = in_x_value(half ? c[s1].mids : c[s0].mids, second, k, half ? scale[s1] : scale[s0]);
+    const bool linear = half ? c[s1].unsigned_map : c[s0].unsigned_map;
+    row[s0 + half][in_x_entry(k)] = in_x_value(half ? c[s1].mids : c[s0].mids, linear, k, half ? scale[s1] : scale[s0]);
   }
   __syncwarp();
   return row;
@@ -327,14 +327,15 @@ __device__ __forceinline__ void store_codes(const Codec<K>& c, const EncodeTable
     uint32_t q;
     if constexpr (K::code_bits == 4) {
       static_assert(K::entries == 16 && !K::reciprocal && !K::zero_code, "the encode in x serves a 4-bit map");
-      if constexpr (kEncodeInX) q = c.second ? encode_linear_in_x(v, row) : encode_signed_in_x(v, row, tables.signed4);
+      if constexpr (kEncodeInX)
+        q = c.guard_zero(c.unsigned_map ? encode_linear_in_x(v, row) : encode_signed_in_x(v, row, tables.signed4), v);
       else q = c.encode(v, scale);
     } else {
       const float y = c.encode_input(v, scale);
-      if constexpr (kBucketEncode<K>) q = codebook8_encode_arith(tables.buckets8[c.second ? 1 : 0], y);
+      if constexpr (kBucketEncode<K>) q = codebook8_encode_arith(tables.buckets8[c.unsigned_map ? 1 : 0], y);
       else if constexpr (kCvtEncode<K>) q = fp8_e4m3_encode_cvt(y);
       else q = K::encode_value(y, c.mids);
-      q = c.guard_zero(q, y);
+      q = c.guard_zero(q, v);
     }
     return sr ? c.round_stochastic(q, v, scale.scale, state_round_bits(key, uint32_t(l))) : q;
   };
@@ -441,11 +442,11 @@ struct StepCodecs {
   EncodeTables tables;
 };
 template <class Opt, class K>
-__device__ __forceinline__ StepCodecs<Opt, K> step_codecs() {
+__device__ __forceinline__ StepCodecs<Opt, K> step_codecs(const Hyper& h) {
   StepCodecs<Opt, K> c;
   const CodebookTables tables = shared_codebooks<K>();
 #pragma unroll
-  for (int s = 0; s < kMaxStates; ++s) c.codec[s] = codec_of<K>(Opt::second_moment(s), tables);
+  for (int s = 0; s < kMaxStates; ++s) c.codec[s] = codec_of<K>(Opt::moment(h, s), tables);
   c.tables = shared_encode_tables<K, kMaxStates>();
   return c;
 }
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, K::float_codes ? 1 : 3)
   using G = Geometry<K>;
   const int lane = threadIdx.x & 31;
   const WarpStride warps = warp_stride();
-  const StepCodecs<Opt, K> codecs = step_codecs<Opt, K>();
+  const StepCodecs<Opt, K> codecs = step_codecs<Opt, K>(a.hyper);
 
   // Device scalars: AMP overflow or an out-of-range scale, lr or step writes no param or state.
   bool skip_all = a.found_inf && *a.found_inf != 0.0f;
@@ -591,7 +592,7 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const ConvertLaunch a
   using G = Geometry<K>;
   constexpr int E = G::kPerLane;
   const int lane = threadIdx.x & 31;
-  const Codec<K> c[1] = {codec_of<K>(a.second_moment, shared_codebooks<K>())};
+  const Codec<K> c[1] = {codec_of<K>(a.moment, shared_codebooks<K>())};
   const EncodeTables tables = shared_encode_tables<K, 1>();
   const WarpStride warps = warp_stride();
   for (int64_t b = warps.first; b < n_blocks; b += warps.count) {

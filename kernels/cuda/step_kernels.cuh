@@ -36,7 +36,7 @@ struct StepLaunch {
 
 struct ConvertLaunch {
   int kind;
-  bool second_moment;
+  Moment moment;
   bool to_state;
   int64_t numel;
   float* values;

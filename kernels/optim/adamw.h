@@ -12,7 +12,8 @@ struct AdamW {
   static constexpr int kMinStates = 2;  // states(h)'s least value
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  LBOPT_HD static constexpr bool second_moment(int i) { return i > 0; }  // v and vmax
+  // v and vmax on the unsigned maps (4-bit: torchao's linear one)
+  LBOPT_HD static constexpr Moment moment(const Hyper&, int i) { return i > 0 ? kMomentSecond : kMomentFirst; }
   static constexpr bool kTwoPass = true;  // update_states and update_param below
   // Whether its first-moment codes round stochastically by default (on kinds whose stochastic_codes says so): no.
   // Its 4-bit states train as its fp32 ones rounded to nearest (docs/optimizers.md), and the codes stay torchao's
@@ -78,9 +79,7 @@ template <class O>
 LBOPT_HD typename O::V update_states(const ::lbopt::AdamW::Scalars& s, typename O::V p, typename O::V g,
                                      typename O::V& m, typename O::V& v, typename O::V& vmax) {
   if (s.coupled_decay) g = O::fma(O::set(s.wd), p, g);  // torch's grad.add(param, alpha=wd): one rounding
-  // torch.lerp(m, g, w): the branch keeps it exact at both ends
-  const float w = s.one_minus_beta1;
-  m = s.lerp_from_m ? O::fma(O::set(w), O::sub(g, m), m) : O::fma(O::set(-(1.0f - w)), O::sub(g, m), g);
+  m = torch_lerp<O>(m, g, s.one_minus_beta1, s.lerp_from_m);  // exp_avg.lerp_(grad, 1 - beta1)
   v = O::fma(O::mul(O::set(s.one_minus_beta2), g), g, O::mul(v, O::set(s.beta2)));
   if (s.amsgrad) vmax = O::max(vmax, v);
   return O::sqrt(s.amsgrad ? vmax : v);

@@ -13,7 +13,11 @@ struct AdEMAMix {
   static constexpr int kMinStates = 3;  // states(h)'s least value
   static constexpr int kMaxStates = 3;
   static constexpr const char* kStateNames[kMaxStates] = {"m1", "m2", "nu"};
-  LBOPT_HD static constexpr bool second_moment(int i) { return i == 2; }  // nu
+  // nu on the signed map's non-negative codes: on the unsigned linear 4-bit map, whose least value is 1/16 of the
+  // block's absmax, small nu damp their elements' updates (docs/optimizers.md, "Which state kind to train with")
+  LBOPT_HD static constexpr Moment moment(const Hyper& h, int i) {
+    return i < 2 ? kMomentFirst : h.nu_linear_map ? kMomentSecond : kMomentSecondSigned;
+  }
   static constexpr bool kTwoPass = true;  // update_states and update_param below
   // Whether its first-moment codes round stochastically by default (on kinds whose stochastic_codes says so): yes.
   // Rounded to nearest, the averages lag their fp32 values (docs/optimizers.md, "Which state kind to train with")
@@ -31,7 +35,7 @@ struct AdEMAMix {
       {"eps", ValueRange::kNonneg, 1e-8},
       {"weight_decay", ValueRange::kNonneg, 0.01},
   };
-  static constexpr const char* kFlagNames[] = {nullptr};  // none
+  static constexpr const char* kFlagNames[] = {"nu_linear_map"};  // read by moment(), not by the update
   static bool refuses(const Hyper& h, char* msg, size_t size) {
     if (!(h.t_beta3 > 0.0) || (h.beta1 > 0.0 && h.beta3 > 0.0)) return false;
     snprintf(msg, size, "config.t_beta3 = %g: the beta3 warm-up needs config.beta1 > 0 and config.beta3 > 0 (they "

@@ -6,11 +6,12 @@
 #include <stdio.h>
 
 #include "../hd.h"
+#include "../state_kinds.h"
 
 namespace lbopt {
 
 // Values match lbopt_optimizer.
-enum OptimizerId : int { kAdamW = 0, kSgd = 1, kLion = 2, kAdEMAMix = 3, kNumOptimizers = 4 };
+enum OptimizerId : int { kAdamW = 0, kSgd = 1, kLion = 2, kAdEMAMix = 3, kMuon = 4, kNumOptimizers = 5 };
 
 // States per slot at most (AdamW with AMSGrad, AdEMAMix).
 constexpr int kMaxStates = 3;
@@ -22,8 +23,16 @@ struct Hyper {
   double alpha = 0, t_alpha = 0, t_beta3 = 0;  // AdEMAMix; a warm-up length of 0 is none
   bool coupled_decay = false, amsgrad = false;  // AdamW
   bool nesterov = false;                        // SGD
+  bool nu_linear_map = false;                   // AdEMAMix: nu on the unsigned map (Opt::moment)
   bool maximize = false;
 };
+
+// Hyper-parameters with nu_linear_map set, for kernels that choose a state's moment at compile time.
+constexpr Hyper nu_linear_hyper() {
+  Hyper h;
+  h.nu_linear_map = true;
+  return h;
+}
 
 // ---- an optimizer's descriptor: the facts validation, the config defaults and the registry derive from ----------
 // Each optimizer names itself (kName, and kTitle for docs), says under which setting a step keeps no state

@@ -12,7 +12,7 @@ struct Lion {
   static constexpr int kMinStates = 1;  // states(h)'s least value
   static constexpr int kMaxStates = 1;
   static constexpr const char* kStateNames[kMaxStates] = {"exp_avg"};
-  LBOPT_HD static constexpr bool second_moment(int) { return false; }
+  LBOPT_HD static constexpr Moment moment(const Hyper&, int) { return kMomentFirst; }
   static constexpr bool kTwoPass = false;  // one update: no division to move to a second pass
   // Whether its first-moment codes round stochastically by default (on kinds whose stochastic_codes says so): yes.
   // Rounded to nearest, its momentum lags its fp32 value (docs/optimizers.md, "Which state kind to train with")

@@ -84,7 +84,7 @@ lbopt_status cuda_convert(const ConvertPlan& plan, bool to_state) {
   DeviceScope scope;
   LBOPT_TRY(scope.enter(plan.device.id));
   const cudaStream_t stream = to_stream(plan.stream);
-  const cuda::ConvertLaunch a{plan.kind, plan.second_moment, to_state, plan.numel, plan.values, plan.state};
+  const cuda::ConvertLaunch a{plan.kind, plan.moment, to_state, plan.numel, plan.values, plan.state};
   const cudaError_t e = cuda::launch_convert(a, stream);
   return e == cudaSuccess ? LBOPT_OK : cuda_fail(e, "conversion kernel launch");
 }

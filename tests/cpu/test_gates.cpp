@@ -173,17 +173,19 @@ TEST_SUITE("accuracy gates") {
 
   TEST_CASE("zero point: a positive second moment never decodes to 0") {
     // A block mixing one large value with values 1e-30 .. 1e-2 of it: maps whose code 0 is 0 would flush them.
-    for (int kind = 0; kind < 3; ++kind) {
-      const int64_t n = 512;
-      Buffer src(f32(), {n}), dst(f32(), {n});
-      for (int64_t i = 0; i < n; ++i) src.as<float>()[i] = i % 256 == 0 ? 1.0f : float(pow(10.0, -30.0 + 28.0 * double(i % 256) / 256));
-      State st(lbopt_state_kind(kind), n);
-      REQUIRE(lbopt_quantize(lbopt_state_kind(kind), LBOPT_MOMENT_SECOND, &src.t, st.view(), nullptr) == LBOPT_OK);
-      REQUIRE(lbopt_dequantize(lbopt_state_kind(kind), LBOPT_MOMENT_SECOND, st.view(), &dst.t, nullptr) == LBOPT_OK);
-      int64_t zeros = 0;
-      for (int64_t i = 0; i < n; ++i) zeros += dst.as<float>()[i] == 0.0f;
-      CAPTURE(kind);
-      CHECK(zeros == 0);
-    }
+    for (int kind = 0; kind < 3; ++kind)
+      for (lbopt_moment mo : {LBOPT_MOMENT_SECOND, LBOPT_MOMENT_SECOND_SIGNED}) {
+        const int64_t n = 512;
+        Buffer src(f32(), {n}), dst(f32(), {n});
+        for (int64_t i = 0; i < n; ++i) src.as<float>()[i] = i % 256 == 0 ? 1.0f : float(pow(10.0, -30.0 + 28.0 * double(i % 256) / 256));
+        State st(lbopt_state_kind(kind), n);
+        REQUIRE(lbopt_quantize(lbopt_state_kind(kind), mo, &src.t, st.view(), nullptr) == LBOPT_OK);
+        REQUIRE(lbopt_dequantize(lbopt_state_kind(kind), mo, st.view(), &dst.t, nullptr) == LBOPT_OK);
+        int64_t zeros = 0;
+        for (int64_t i = 0; i < n; ++i) zeros += dst.as<float>()[i] == 0.0f;
+        CAPTURE(kind);
+        CAPTURE(mo);
+        CHECK(zeros == 0);
+      }
   }
 }

@@ -56,15 +56,17 @@ int model_states(const lbopt_optimizer_config& c) {
     case LBOPT_OPTIMIZER_ADAMW: return (c.flags & LBOPT_FLAG_AMSGRAD) ? 3 : 2;
     case LBOPT_OPTIMIZER_SGD: return c.momentum != 0.0 ? 1 : 0;
     case LBOPT_OPTIMIZER_LION: return 1;
+    case LBOPT_OPTIMIZER_MUON: return 1;
     default: return 3;
   }
 }
 
-// Which codebook state i is on: AdamW's v and vmax, AdEMAMix's nu are second moments (non-negative maps).
-lbopt_moment model_moment(lbopt_optimizer o, int i) {
+// Which codebook state i is on: AdamW's v and vmax are second moments (non-negative maps), AdEMAMix's nu one on
+// the signed 4-bit map's non-negative codes (the unsigned map with LBOPT_FLAG_NU_LINEAR_MAP).
+lbopt_moment model_moment(lbopt_optimizer o, int i, uint32_t flags = 0) {
   if (o == LBOPT_OPTIMIZER_ADAMW) return i > 0 ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_FIRST;
-  if (o == LBOPT_OPTIMIZER_ADEMAMIX) return i == 2 ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_FIRST;
-  return LBOPT_MOMENT_FIRST;
+  if (o != LBOPT_OPTIMIZER_ADEMAMIX || i != 2) return LBOPT_MOMENT_FIRST;
+  return (flags & LBOPT_FLAG_NU_LINEAR_MAP) ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_SECOND_SIGNED;
 }
 
 // The new optimizers, in the variants the tests run.
@@ -85,7 +87,12 @@ const std::vector<Spec>& new_specs() {
       {"lion, weight decay 0.5", LBOPT_OPTIMIZER_LION, [](C& c) { c.weight_decay = 0.5; }},
       {"lion, betas 0.95 / 0.98, maximize", LBOPT_OPTIMIZER_LION,
        [](C& c) { c.beta1 = 0.95; c.beta2 = 0.98; c.flags = LBOPT_FLAG_MAXIMIZE; }},
+      {"muon", LBOPT_OPTIMIZER_MUON, nullptr},
+      {"muon, nesterov", LBOPT_OPTIMIZER_MUON, [](C& c) { c.flags = LBOPT_FLAG_NESTEROV; }},
+      {"muon, momentum 0.3 (both lerp branches), nesterov, maximize", LBOPT_OPTIMIZER_MUON,
+       [](C& c) { c.momentum = 0.3; c.flags = LBOPT_FLAG_NESTEROV | LBOPT_FLAG_MAXIMIZE; }},
       {"ademamix", LBOPT_OPTIMIZER_ADEMAMIX, nullptr},
+      {"ademamix, nu on the linear map", LBOPT_OPTIMIZER_ADEMAMIX, [](C& c) { c.flags = LBOPT_FLAG_NU_LINEAR_MAP; }},
       {"ademamix, warm-ups t_alpha 40, t_beta3 60", LBOPT_OPTIMIZER_ADEMAMIX,
        [](C& c) { c.t_alpha = 40; c.t_beta3 = 60; }},
       {"ademamix, warm-ups past the run (300, 250), alpha 8, weight decay 0.1, maximize", LBOPT_OPTIMIZER_ADEMAMIX,
@@ -264,6 +271,17 @@ void ref_step(const lbopt_optimizer_config& c, double lr, int64_t t, const std::
         M = b2 * M + (1 - b2) * G;
         break;
       }
+      case LBOPT_OPTIMIZER_MUON: {  // p: the direction (its value in is not read)
+        double &buf = r.s[0][i], &B = r.s_mag[0][i];
+        const double mu = c.momentum;
+        const bool nesterov = c.flags & LBOPT_FLAG_NESTEROV;
+        buf = mu * buf + (1 - mu) * g;
+        B = mu * B + (1 - mu) * G;
+        p = nesterov ? (1 - mu) * g + mu * buf : buf;
+        P = nesterov ? (1 - mu) * G + mu * B : B;
+        buf = stored(buf);
+        break;
+      }
       case LBOPT_OPTIMIZER_ADEMAMIX: {
         double &m1 = r.s[0][i], &m2 = r.s[1][i], &nu = r.s[2][i];
         double &M1 = r.s_mag[0][i], &M2 = r.s_mag[1][i], &NU = r.s_mag[2][i];
@@ -357,6 +375,14 @@ void mirror_step(const lbopt_optimizer_config& c, double lr, int64_t t, const st
         s0 = fmaf(omb2, g, s0 * b2);
         break;
       }
+      case LBOPT_OPTIMIZER_MUON: {
+        const auto lerp = [](float start, float end, float w) {  // torch.lerp
+          return fabsf(w) < 0.5f ? fmaf(w, end - start, start) : fmaf(w - 1.0f, end - start, end);
+        };
+        s0 = lerp(s0, g, float(1.0 - c.momentum));
+        p = (c.flags & LBOPT_FLAG_NESTEROV) ? lerp(g, s0, float(c.momentum)) : s0;
+        break;
+      }
       case LBOPT_OPTIMIZER_ADEMAMIX: {
         s0 = fmaf(omb1, g, s0 * b1);
         s1 = fmaf(omb3, g, s1 * b3);
@@ -422,6 +448,7 @@ double fp32_bound(const lbopt_optimizer_config& c, int k) {
   switch (c.optimizer) {
     case LBOPT_OPTIMIZER_SGD: return by_memory(c.momentum);  // the params read the buffer
     case LBOPT_OPTIMIZER_LION: return k < 0 ? (c.weight_decay != 0 ? 3e-6 : 1e-6) : by_memory(c.beta2);
+    case LBOPT_OPTIMIZER_MUON: return by_memory(c.momentum);  // the direction reads the buffer
     default: return k == 0 ? by_memory(c.beta1) : 3e-6;  // AdamW, AdEMAMix: only m / m1 is a short EMA
   }
 }
@@ -444,11 +471,11 @@ LibRun run_library(const lbopt_optimizer_config& cfg, const std::vector<double>&
     const lbopt_status st = lbopt_step(&cfg, lr_at(cfg.optimizer, t), &s, 1, nullptr);
     REQUIRE_MESSAGE(st == LBOPT_OK, lbopt_last_error());
     if (t == 1)
-      for (int k = 0; k < ns; ++k) out.states_after_1.push_back(out.slot->state(k, model_moment(cfg.optimizer, k)));
+      for (int k = 0; k < ns; ++k) out.states_after_1.push_back(out.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags)));
   }
   for (double x : out.slot->params()) out.finite = out.finite && std::isfinite(x);
   for (int k = 0; k < ns; ++k)
-    for (double x : out.slot->state(k, model_moment(cfg.optimizer, k))) out.finite = out.finite && std::isfinite(x);
+    for (double x : out.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags))) out.finite = out.finite && std::isfinite(x);
   return out;
 }
 
@@ -513,7 +540,7 @@ TEST_SUITE("optimizers") {
       const std::vector<double> got = lib.slot->params();
       compare("params", got, ref.p, ref.p_mag, mirror.p, fp32_bound(cfg, -1), true);
       for (int k = 0; k < model_states(cfg); ++k)
-        compare("state " + std::to_string(k), lib.slot->state(k, model_moment(cfg.optimizer, k)), ref.s[k],
+        compare("state " + std::to_string(k), lib.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags)), ref.s[k],
                 ref.s_mag[k], mirror.s[k], fp32_bound(cfg, k), false);
       // Lion: elements whose sign(c) came within 1e-6 of a tie at some step are left out of the params' comparison
       // with the double reference (float and double may pick different signs there: a 2 lr jump); the mirror
@@ -535,9 +562,11 @@ namespace {
 
 // The largest error of one quantization relative to its block's absmax, from the reference's own codebooks: half
 // the widest gap between neighbouring values, and for a second moment the distance from 0 to the smallest code
-// (a positive value never lands on 0; the 4-bit map has no 0 at all).
-double quant_tol(lbopt_state_kind kind, bool second) {
-  std::vector<double> v = ref::table(kind, second);
+// (a positive value never lands on 0; the unsigned 4-bit map has no 0 at all). 4-bit
+// LBOPT_MOMENT_SECOND_SIGNED: the signed map's non-negative values.
+double quant_tol(lbopt_state_kind kind, lbopt_moment moment) {
+  const bool second = moment != LBOPT_MOMENT_FIRST;
+  std::vector<double> v = ref::table(kind, moment);
   if (kind == LBOPT_STATE_FP8) {  // codes 0x7f / 0xff (NaN in e4m3fn) are never stored: |values| <= 448
     v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !(fabs(x) <= 448.0); }), v.end());
     for (double& x : v) x /= 448.0;  // scale = absmax / 448
@@ -609,10 +638,11 @@ TEST_SUITE("optimizers") {
         const int64_t block = kind == LBOPT_STATE_4BIT ? 128 : 256;
         std::string state_errors;
         for (int k = 0; k < model_states(cfg); ++k) {
-          const bool second = model_moment(cfg.optimizer, k) == LBOPT_MOMENT_SECOND;
+          const lbopt_moment moment = model_moment(cfg.optimizer, k, cfg.flags);
+          const bool second = moment != LBOPT_MOMENT_FIRST;
           const double err = block_rel_error(q.states_after_1[size_t(k)], exact.s[k], block);
           const bool stochastic = !second && cfg.optimizer != LBOPT_OPTIMIZER_ADAMW && kind != LBOPT_STATE_8BIT;
-          const double tol = quant_tol(kind, second) * (stochastic ? 2 : 1);
+          const double tol = quant_tol(kind, moment) * (stochastic ? 2 : 1);
           state_errors += " " + std::to_string(err) + " (tol " + std::to_string(tol) + ")";
           CHECK_MESSAGE(err <= tol, "state ", k, " after step 1: ", err, " of its block's absmax, tolerance ", tol);
         }
@@ -625,8 +655,8 @@ TEST_SUITE("optimizers") {
         std::string state_dev;
         double max_state_dev = 0;
         for (int k = 0; k < model_states(cfg); ++k) {
-          const std::vector<double> s32 = full.slot->state(k, model_moment(cfg.optimizer, k));
-          const std::vector<double> sq = q.slot->state(k, model_moment(cfg.optimizer, k));
+          const std::vector<double> s32 = full.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags));
+          const std::vector<double> sq = q.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags));
           const double d = rms(sq, &s32) / rms(s32);
           max_state_dev = std::max(max_state_dev, d);
           state_dev += " " + std::to_string(d);
@@ -941,7 +971,7 @@ struct Setup {
     fill(p1);
     fill(g1);
     for (int s = 0; s < 2; ++s)
-      for (int i = 0; i < LBOPT_MAX_STATES; ++i) fill_state(*st[s][i], model_moment(config.optimizer, i));
+      for (int i = 0; i < LBOPT_MAX_STATES; ++i) fill_state(*st[s][i], model_moment(config.optimizer, i, config.flags));
     grad_scale.as<float>()[0] = 1.0f;
     found_inf.as<float>()[0] = 0.0f;
     skipped.as<uint8_t>()[0] = 0xAB;
@@ -1097,14 +1127,15 @@ const std::vector<Row>& rows() {
     {"ademamix weight_decay = -1", kE, set(&C::weight_decay, -1.0), kBad, {"config.weight_decay = -1"}, kCfg},
     {"adamw weight_decay = -1", kA, set(&C::weight_decay, -1.0), kBad, {"config.weight_decay = -1"}, kCfg},
     // ---- the optimizer, the kind, flags ----
-    {"optimizer = 4", kA, [](Setup& s) { s.config.optimizer = lbopt_optimizer(4); }, kBad,
-     {"config.optimizer = 4 is not an lbopt_optimizer"}, kCfg},
+    {"optimizer = 5", kA, [](Setup& s) { s.config.optimizer = lbopt_optimizer(5); }, kBad,
+     {"config.optimizer = 5 is not an lbopt_optimizer"}, kCfg},
     {"optimizer = -1", kL, [](Setup& s) { s.config.optimizer = lbopt_optimizer(-1); }, kBad, {"config.optimizer = -1"}, kCfg},
     {"optimizer = INT32_MAX", kE, [](Setup& s) { s.config.optimizer = lbopt_optimizer(INT32_MAX); }, kBad,
      {"config.optimizer = 2147483647"}, kCfg},
     {"state_kind = 4", kS, [](Setup& s) { s.config.state_kind = lbopt_state_kind(4); }, kBad, {"config.state_kind = 4"}, kCfg},
     {"state_kind = -1", kE, [](Setup& s) { s.config.state_kind = lbopt_state_kind(-1); }, kBad, {"config.state_kind = -1"}, kCfg},
-    {"unknown flag 0x100", kL, flags(0x100), kBad, {"config.flags = 0x100 has unknown bits 0x100"}, kCfg},
+    {"unknown flag 0x200", kL, flags(0x200), kBad, {"config.flags = 0x200 has unknown bits 0x200"}, kCfg},
+    {"NU_LINEAR_MAP on lion", kL, flags(LBOPT_FLAG_NU_LINEAR_MAP), kBad, {"bits 0x100 that lion does not know"}, kCfg},
     {"both state roundings", kS, flags(LBOPT_FLAG_STATE_STOCHASTIC_ROUND | LBOPT_FLAG_STATE_NEAREST_ROUND), kBad,
      {"config.flags = 0xc0: LBOPT_FLAG_STATE_STOCHASTIC_ROUND and LBOPT_FLAG_STATE_NEAREST_ROUND exclude each other"},
      kCfg},
@@ -1310,7 +1341,10 @@ TEST_SUITE("optimizers") {
         {LBOPT_OPTIMIZER_SGD, LBOPT_FLAG_NESTEROV, 0.5, {{"momentum_buffer", LBOPT_MOMENT_FIRST}}},
         {LBOPT_OPTIMIZER_SGD, 0, 0.0, {}},
         {LBOPT_OPTIMIZER_LION, 0, 0.9, {{"exp_avg", LBOPT_MOMENT_FIRST}}},
+        {LBOPT_OPTIMIZER_MUON, LBOPT_FLAG_NESTEROV, 0.95, {{"momentum_buffer", LBOPT_MOMENT_FIRST}}},
         {LBOPT_OPTIMIZER_ADEMAMIX, LBOPT_FLAG_MAXIMIZE, 0.9,
+         {{"m1", LBOPT_MOMENT_FIRST}, {"m2", LBOPT_MOMENT_FIRST}, {"nu", LBOPT_MOMENT_SECOND_SIGNED}}},
+        {LBOPT_OPTIMIZER_ADEMAMIX, LBOPT_FLAG_NU_LINEAR_MAP, 0.9,
          {{"m1", LBOPT_MOMENT_FIRST}, {"m2", LBOPT_MOMENT_FIRST}, {"nu", LBOPT_MOMENT_SECOND}}},
     };
     for (const Want& w : wants)
@@ -1335,7 +1369,7 @@ TEST_SUITE("optimizers") {
           REQUIRE(info[i].name != nullptr);
           CHECK(std::string(info[i].name) == w.states[i].first);
           CHECK(info[i].moment == w.states[i].second);
-          CHECK(info[i].moment == int(model_moment(w.optimizer, int(i))));
+          CHECK(info[i].moment == int(model_moment(w.optimizer, int(i), w.flags)));
         }
         for (size_t i = n; i < LBOPT_MAX_STATES; ++i) CHECK(info[i].moment == 77);  // past n: not written
       }
@@ -1365,7 +1399,8 @@ TEST_SUITE("optimizers") {
     const Want wants[] = {{LBOPT_OPTIMIZER_ADAMW, "adamw", 0.9, 0.999, 1e-8, 0.01},
                           {LBOPT_OPTIMIZER_SGD, "sgd", 0.9, 0.999, 1e-8, 0.0},
                           {LBOPT_OPTIMIZER_LION, "lion", 0.9, 0.99, 1e-8, 0.0},
-                          {LBOPT_OPTIMIZER_ADEMAMIX, "ademamix", 0.9, 0.999, 1e-8, 0.01}};
+                          {LBOPT_OPTIMIZER_ADEMAMIX, "ademamix", 0.9, 0.999, 1e-8, 0.01},
+                          {LBOPT_OPTIMIZER_MUON, "muon", 0.9, 0.999, 1e-8, 0.01}};  // (weight decay not read)
     for (const Want& w : wants) {
       CAPTURE(w.name);
       lbopt_optimizer_config c;
@@ -1377,7 +1412,8 @@ TEST_SUITE("optimizers") {
       CHECK(c.flags == 0u);
       CHECK(c.seed == 0u);
       CHECK(c.weight_decay == w.weight_decay);
-      if (w.optimizer != LBOPT_OPTIMIZER_SGD) {  // the betas an optimizer reads
+      if (w.optimizer == LBOPT_OPTIMIZER_MUON) CHECK(c.momentum == 0.95);
+      if (w.optimizer != LBOPT_OPTIMIZER_SGD && w.optimizer != LBOPT_OPTIMIZER_MUON) {  // the betas it reads
         CHECK(c.beta1 == w.beta1);
         CHECK(c.beta2 == w.beta2);
       }
@@ -1419,11 +1455,11 @@ TEST_SUITE("optimizers") {
     CHECK(lbopt_optimizer_config_init(&c, sizeof c - 1, LBOPT_OPTIMIZER_SGD) == LBOPT_ERR_STRUCT_SIZE);
     CHECK(std::string(lbopt_last_error()).find("struct_size") != std::string::npos);
     CHECK(lbopt_optimizer_config_init(nullptr, sizeof c, LBOPT_OPTIMIZER_SGD) == LBOPT_ERR_NULL_POINTER);
-    CHECK(lbopt_optimizer_config_init(&c, sizeof c, lbopt_optimizer(4)) == LBOPT_ERR_INVALID_VALUE);
-    CHECK(std::string(lbopt_last_error()).find("optimizer = 4") != std::string::npos);
+    CHECK(lbopt_optimizer_config_init(&c, sizeof c, lbopt_optimizer(5)) == LBOPT_ERR_INVALID_VALUE);
+    CHECK(std::string(lbopt_last_error()).find("optimizer = 5") != std::string::npos);
     CHECK(lbopt_optimizer_config_init(&c, sizeof c, lbopt_optimizer(-1)) == LBOPT_ERR_INVALID_VALUE);
     CHECK(memcmp(&c, &copy, sizeof c) == 0);
-    CHECK(lbopt_optimizer_name(lbopt_optimizer(4)) == nullptr);
+    CHECK(lbopt_optimizer_name(lbopt_optimizer(5)) == nullptr);
     CHECK(lbopt_optimizer_name(lbopt_optimizer(-1)) == nullptr);
     CHECK(lbopt_optimizer_name(lbopt_optimizer(INT32_MAX)) == nullptr);
   }
@@ -1441,7 +1477,9 @@ const WantFields kWantFields[] = {
     {LBOPT_OPTIMIZER_ADAMW, {"beta1", "beta2", "eps", "weight_decay", "adam", "amsgrad"}},
     {LBOPT_OPTIMIZER_SGD, {"momentum", "dampening", "weight_decay", "nesterov"}},
     {LBOPT_OPTIMIZER_LION, {"beta1", "beta2", "weight_decay"}},
-    {LBOPT_OPTIMIZER_ADEMAMIX, {"beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay"}},
+    {LBOPT_OPTIMIZER_ADEMAMIX,
+     {"beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "nu_linear_map"}},
+    {LBOPT_OPTIMIZER_MUON, {"momentum", "nesterov"}},
 };
 
 double* config_double(lbopt_optimizer_config& c, const std::string& name) {
@@ -1518,8 +1556,8 @@ TEST_SUITE("optimizers") {
     size_t n = 7;
     CHECK(lbopt_optimizer_fields(LBOPT_OPTIMIZER_SGD, nullptr, &n) == LBOPT_ERR_NULL_POINTER);
     CHECK(lbopt_optimizer_fields(LBOPT_OPTIMIZER_SGD, &fields, nullptr) == LBOPT_ERR_NULL_POINTER);
-    CHECK(lbopt_optimizer_fields(lbopt_optimizer(4), &fields, &n) == LBOPT_ERR_INVALID_VALUE);
-    CHECK(std::string(lbopt_last_error()).find("optimizer = 4") != std::string::npos);
+    CHECK(lbopt_optimizer_fields(lbopt_optimizer(5), &fields, &n) == LBOPT_ERR_INVALID_VALUE);
+    CHECK(std::string(lbopt_last_error()).find("optimizer = 5") != std::string::npos);
     CHECK((fields == nullptr && n == 7));  // nothing written
   }
 }

@@ -61,7 +61,8 @@ std::string step_op(lbopt_optimizer opt, int kind, bool capturable) {
          lbopt_state_kind_name(lbopt_state_kind(kind));
 }
 
-const lbopt_optimizer kGenerated[] = {LBOPT_OPTIMIZER_SGD, LBOPT_OPTIMIZER_LION, LBOPT_OPTIMIZER_ADEMAMIX};
+const lbopt_optimizer kGenerated[] = {LBOPT_OPTIMIZER_SGD, LBOPT_OPTIMIZER_LION, LBOPT_OPTIMIZER_ADEMAMIX,
+                                      LBOPT_OPTIMIZER_MUON};
 
 const char* kind_op(int k) {
   static const char* names[] = {"lbopt.adamw_step.4bit", "lbopt.adamw_step.8bit", "lbopt.adamw_step.fp8",
@@ -74,7 +75,7 @@ const char* kind_op(int k) {
 TEST_SUITE("operator registry") {
   TEST_CASE("schemas: unique names, found by name, well-formed arguments") {
     std::set<std::string> names;
-    REQUIRE(lbopt_op_count() == 36);
+    REQUIRE(lbopt_op_count() == 44);
     // the operators of 0.1 and 0.2 keep their indices
     static const char* fixed[] = {"lbopt.adamw_step.4bit", "lbopt.adamw_step.8bit", "lbopt.adamw_step.fp8",
                                   "lbopt.adamw_step.fp32", "lbopt.quantize", "lbopt.dequantize", "lbopt.state_init",
@@ -259,7 +260,8 @@ TEST_SUITE("operator registry") {
         {LBOPT_OPTIMIZER_ADEMAMIX,
          {{"beta1", &C::beta1, 0}, {"beta2", &C::beta2, 0}, {"beta3", &C::beta3, 0}, {"alpha", &C::alpha, 0},
           {"t_alpha", &C::t_alpha, 0}, {"t_beta3", &C::t_beta3, 0}, {"eps", &C::eps, 0},
-          {"weight_decay", &C::weight_decay, 0}}},
+          {"weight_decay", &C::weight_decay, 0}, {"nu_linear_map", nullptr, LBOPT_FLAG_NU_LINEAR_MAP}}},
+        {LBOPT_OPTIMIZER_MUON, {{"momentum", &C::momentum, 0}, {"nesterov", nullptr, LBOPT_FLAG_NESTEROV}}},
     };
     const auto name = [](const char* s) { return std::string(s); };
     for (lbopt_optimizer opt : kGenerated) {

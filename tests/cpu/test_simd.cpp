@@ -184,7 +184,7 @@ std::vector<float> map_mids(lbopt_state_kind kind, lbopt_moment mo) {
 uint64_t quantize_cases() {
   uint64_t d = 0;
   for (int k = 0; k < 3; ++k)
-    for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
+    for (lbopt_moment mo : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND, LBOPT_MOMENT_SECOND_SIGNED}) {
       const lbopt_state_kind kind = lbopt_state_kind(k);
       const int64_t bs = k == 0 ? 128 : 256;
       std::vector<float> xs;
@@ -195,7 +195,7 @@ uint64_t quantize_cases() {
       const float anchor = k == 2 ? 448.0f : 1.0f;  // the block scale 1: y = x
       std::vector<float> in;
       for (size_t i = 0; i < xs.size(); ++i) {
-        const bool second = mo == LBOPT_MOMENT_SECOND;  // a second moment is >= 0
+        const bool second = mo != LBOPT_MOMENT_FIRST;  // a second moment is >= 0
         if (int64_t(in.size()) % bs == 0) in.push_back(i % 2 && !second ? -anchor : anchor);
         if (std::fabs(xs[i]) <= anchor && !(second && std::signbit(xs[i]))) in.push_back(xs[i]);
       }

@@ -870,12 +870,16 @@ int model_states(const lbopt_optimizer_config& c) {
     case LBOPT_OPTIMIZER_ADAMW: return (c.flags & LBOPT_FLAG_AMSGRAD) ? 3 : 2;
     case LBOPT_OPTIMIZER_SGD: return c.momentum != 0.0 ? 1 : 0;
     case LBOPT_OPTIMIZER_LION: return 1;
+    case LBOPT_OPTIMIZER_MUON: return 1;
     default: return 3;  // AdEMAMix, and any value that is no optimizer (then the call is refused anyway)
   }
 }
 
-bool model_second_moment(int optimizer, int k) {
-  return (optimizer == LBOPT_OPTIMIZER_ADAMW && k > 0) || (optimizer == LBOPT_OPTIMIZER_ADEMAMIX && k == 2);
+// The lbopt_moment of state k (its codebook); every other moment than the first is non-negative.
+int model_moment(const lbopt_optimizer_config& c, int k) {
+  if (c.optimizer == LBOPT_OPTIMIZER_ADAMW && k > 0) return LBOPT_MOMENT_SECOND;
+  if (c.optimizer != LBOPT_OPTIMIZER_ADEMAMIX || k != 2) return LBOPT_MOMENT_FIRST;
+  return (c.flags & LBOPT_FLAG_NU_LINEAR_MAP) ? LBOPT_MOMENT_SECOND : LBOPT_MOMENT_SECOND_SIGNED;
 }
 
 bool unit(double x) { return x >= 0.0 && x < 1.0; }
@@ -885,7 +889,7 @@ bool finite_nonneg(double x) { return x >= 0.0 && isfinite(x); }
 bool model_config_valid(const lbopt_optimizer_config* c, double lr) {
   if (!c || c->struct_size != sizeof(lbopt_optimizer_config)) return false;
   const int o = int(c->optimizer), kind = int(c->state_kind);
-  if (o < 0 || o > 3 || kind < 0 || kind > 3) return false;
+  if (o < 0 || o > 4 || kind < 0 || kind > 3) return false;
   const uint32_t roundings = LBOPT_FLAG_STATE_STOCHASTIC_ROUND | LBOPT_FLAG_STATE_NEAREST_ROUND;
   const uint32_t common = LBOPT_FLAG_MAXIMIZE | LBOPT_FLAG_BF16_STOCHASTIC_ROUND | LBOPT_FLAG_SKIP_NONFINITE | roundings;
   uint32_t allowed = common;
@@ -901,7 +905,12 @@ bool model_config_valid(const lbopt_optimizer_config* c, double lr) {
       if (c->flags & LBOPT_FLAG_NESTEROV) ok = ok && c->momentum > 0.0 && c->dampening == 0.0;
       break;
     case LBOPT_OPTIMIZER_LION: ok = ok && unit(c->beta1) && unit(c->beta2); break;
+    case LBOPT_OPTIMIZER_MUON:  // reads no weight decay, and no lr (still checked)
+      allowed |= LBOPT_FLAG_NESTEROV;
+      ok = finite_nonneg(lr) && (c->flags & roundings) != roundings && finite_nonneg(c->momentum);
+      break;
     default:
+      allowed |= LBOPT_FLAG_NU_LINEAR_MAP;
       ok = ok && unit(c->beta1) && unit(c->beta2) && unit(c->beta3) && finite_nonneg(c->eps) &&
            finite_nonneg(c->alpha) && finite_nonneg(c->t_alpha) && finite_nonneg(c->t_beta3);
       if (c->t_beta3 > 0.0) ok = ok && c->beta1 > 0.0 && c->beta3 > 0.0;
@@ -928,10 +937,11 @@ void run_generic_step(Ctx& c, bool capturable) {
   Reader& r = c.r;
   c.entry = capturable ? "lbopt_step_capturable" : "lbopt_step";
   const uint8_t cm = r.u8();  // bit0 config NULL, bit1 config.struct_size wrong, bit2 slots NULL,
-                              // bit3 options NULL, bit4 options.struct_size wrong, bit5 flags |= 0x80000000
-  const int32_t optimizer = fuzz_enum(r, 4);
+                              // bit3 options NULL, bit4 options.struct_size wrong, bit5 flags |= 0x80000000,
+                              // bit6 flags |= LBOPT_FLAG_NU_LINEAR_MAP
+  const int32_t optimizer = fuzz_enum(r, 5);
   lbopt_optimizer_config cfg;
-  const lbopt_optimizer defaults_of = optimizer >= 0 && optimizer < 4 ? lbopt_optimizer(optimizer) : LBOPT_OPTIMIZER_ADAMW;
+  const lbopt_optimizer defaults_of = optimizer >= 0 && optimizer < 5 ? lbopt_optimizer(optimizer) : LBOPT_OPTIMIZER_ADAMW;
   if (lbopt_optimizer_config_init(&cfg, sizeof cfg, defaults_of) != LBOPT_OK) abort();
   memcpy(&cfg.optimizer, &optimizer, sizeof optimizer);  // out-of-range values as a C caller passes them
   if (cm & 0x02) cfg.struct_size = uint32_t(fuzz_i64(r, sizeof cfg - 8));
@@ -939,6 +949,7 @@ void run_generic_step(Ctx& c, bool capturable) {
   memcpy(&cfg.state_kind, &cfg_kind, sizeof cfg_kind);
   cfg.flags = r.u8();
   if (cm & 0x20) cfg.flags |= 0x80000000u;
+  if (cm & 0x40) cfg.flags |= LBOPT_FLAG_NU_LINEAR_MAP;
   cfg.seed = r.u64();
   for (double* f : {&cfg.beta1, &cfg.beta2, &cfg.beta3, &cfg.eps, &cfg.weight_decay, &cfg.momentum, &cfg.dampening,
                     &cfg.alpha})
@@ -961,7 +972,7 @@ void run_generic_step(Ctx& c, bool capturable) {
     const int64_t numel = fuzz_slot_head(c, i, nm, slots[i], t);
     for (int k = 0; k < LBOPT_MAX_STATES; ++k)
       state_tensors(c, nm[2 + 2 * k], nm[3 + 2 * k], kind, numel, k < n_states, true,
-                    model_second_moment(optimizer, k), &t[2 + 2 * k], &t[3 + 2 * k]);
+                    model_moment(cfg, k) != LBOPT_MOMENT_FIRST, &t[2 + 2 * k], &t[3 + 2 * k]);
   }
   StepExtras extra;
   extra.declare(c, cm, n, capturable);
@@ -1000,7 +1011,7 @@ void run_generic_step(Ctx& c, bool capturable) {
   if (states == LBOPT_OK) {
     if (n_info != size_t(n_states)) c.die(states, "lbopt_optimizer_states: %zu states, expected %d", n_info, n_states);
     for (int k = 0; k < n_states; ++k)
-      if (!info[k].name || !info[k].name[0] || info[k].moment != (model_second_moment(optimizer, k) ? 1 : 0))
+      if (!info[k].name || !info[k].name[0] || info[k].moment != model_moment(cfg, k))
         c.die(states, "lbopt_optimizer_states: state %d is \"%s\" on moment %d", k, info[k].name ? info[k].name : "(null)",
               int(info[k].moment));
     for (int k = n_states; k < LBOPT_MAX_STATES; ++k)
@@ -1038,10 +1049,10 @@ void run_convert(Ctx& c, bool to_state) {
   Reader& r = c.r;
   c.entry = to_state ? "lbopt_quantize" : "lbopt_dequantize";
   const int32_t kind = fuzz_enum(r, 4);
-  const int32_t moment = fuzz_enum(r, 2);
+  const int32_t moment = fuzz_enum(r, 3);
   const int64_t numel = fuzz_numel(r, 300);
   const int k = sizing_kind(kind);
-  const bool nonneg = moment == LBOPT_MOMENT_SECOND;
+  const bool nonneg = moment == LBOPT_MOMENT_SECOND || moment == LBOPT_MOMENT_SECOND_SIGNED;
   int values = -1, codes, scales;
   if (to_state) values = c.tensor("src", Role::kValues, numel, {kF32}, true, false, -1, nonneg);
   state_tensors(c, to_state ? "dst.codes" : "src.codes", to_state ? "dst.scales" : "src.scales", k, numel, true,
@@ -1249,12 +1260,12 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 void run_names(Ctx& c) {
   Reader& r = c.r;
   c.entry = "lbopt names";
-  static const char* const optimizers[] = {"adamw", "sgd", "lion", "ademamix"};
+  static const char* const optimizers[] = {"adamw", "sgd", "lion", "ademamix", "muon"};
   static const char* const kinds[] = {"4bit", "8bit", "fp8", "fp32"};
-  const int32_t o = fuzz_enum(r, 4), k = fuzz_enum(r, 4);
+  const int32_t o = fuzz_enum(r, 5), k = fuzz_enum(r, 4);
   const char* on = lbopt_optimizer_name(lbopt_optimizer(o));
   const char* kn = lbopt_state_kind_name(lbopt_state_kind(k));
-  if ((o >= 0 && o < 4) ? !on || strcmp(on, optimizers[o]) != 0 : on != nullptr)
+  if ((o >= 0 && o < 5) ? !on || strcmp(on, optimizers[o]) != 0 : on != nullptr)
     c.die(LBOPT_OK, "lbopt_optimizer_name(%d) = %s", o, on ? on : "NULL");
   if ((k >= 0 && k < 4) ? !kn || strcmp(kn, kinds[k]) != 0 : kn != nullptr)
     c.die(LBOPT_OK, "lbopt_state_kind_name(%d) = %s", k, kn ? kn : "NULL");

@@ -124,7 +124,7 @@ struct Slots {
     for (size_t k = 0; k < n_states; ++k) {  // start from a random state on the state's own codebook
       states.push_back(new StateMirror(kind, numel, offsets.codes));
       Mirror x(dt(kDLFloat, 32), numel);
-      const bool second = info[k].moment == LBOPT_MOMENT_SECOND;
+      const bool second = info[k].moment != LBOPT_MOMENT_FIRST;
       for (int64_t i = 0; i < numel; ++i) {
         const float r = nd(rng) * 1e-3f;
         reinterpret_cast<float*>(x.host.data())[i] = second ? r * r : r;
@@ -412,6 +412,9 @@ const Spec kSpecs[] = {
      [](Config& c) { c.weight_decay = 0.1; c.flags = LBOPT_FLAG_MAXIMIZE; }},
     {"ademamix", LBOPT_OPTIMIZER_ADEMAMIX, nullptr},
     {"ademamix, warm-ups", LBOPT_OPTIMIZER_ADEMAMIX, [](Config& c) { c.t_alpha = 3.0; c.t_beta3 = 3.0; }},
+    {"ademamix, nu on the linear map", LBOPT_OPTIMIZER_ADEMAMIX, [](Config& c) { c.flags = LBOPT_FLAG_NU_LINEAR_MAP; }},
+    {"muon, nesterov", LBOPT_OPTIMIZER_MUON, [](Config& c) { c.flags = LBOPT_FLAG_NESTEROV; }},
+    {"muon, momentum 0.3", LBOPT_OPTIMIZER_MUON, [](Config& c) { c.momentum = 0.3; }},
 };
 
 Config config_of(const Spec& s, int kind, uint32_t extra_flags) {
@@ -605,7 +608,7 @@ TEST_CASE("quantize, dequantize and state_init on the device equal the CPU's bit
   std::mt19937_64 rng(3);
   std::normal_distribution<float> nd;
   for (int kind = 0; kind < 4; ++kind)
-    for (lbopt_moment moment : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND})
+    for (lbopt_moment moment : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND, LBOPT_MOMENT_SECOND_SIGNED})
       for (int64_t n : {int64_t(1), int64_t(129), int64_t(100003)}) {
         CAPTURE(kind);
         CAPTURE(moment);
@@ -614,7 +617,7 @@ TEST_CASE("quantize, dequantize and state_init on the device equal the CPU's bit
         float* xs = reinterpret_cast<float*>(x.host.data());
         for (int64_t i = 0; i < n; ++i) {  // normal values, zeros, tiny and huge ones
           const float r = nd(rng) * (i % 7 == 3 ? 1e-30f : i % 11 == 5 ? 1e30f : 1.0f);
-          xs[i] = i % 13 == 0 ? 0.0f : moment == LBOPT_MOMENT_SECOND ? fabsf(r) : r;
+          xs[i] = i % 13 == 0 ? 0.0f : moment != LBOPT_MOMENT_FIRST ? fabsf(r) : r;
         }
         x.upload();
         const lbopt_state_kind k = lbopt_state_kind(kind);
@@ -646,7 +649,7 @@ TEST_CASE("quantize at and around every decision point times the block scale: th
   std::uniform_real_distribution<double> log_anchor(-27.6, 88.0);
   for (int i = 0; i < 100; ++i) anchors.push_back(float(std::exp(log_anchor(rng))));
   for (int kind = 0; kind < 3; ++kind)
-    for (lbopt_moment moment : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND}) {
+    for (lbopt_moment moment : {LBOPT_MOMENT_FIRST, LBOPT_MOMENT_SECOND, LBOPT_MOMENT_SECOND_SIGNED}) {
       CAPTURE(kind);
       CAPTURE(moment);
       const lbopt_state_kind k = lbopt_state_kind(kind);
@@ -675,7 +678,7 @@ TEST_CASE("quantize at and around every decision point times the block scale: th
           float x = 0.5f * (sorted[i] + sorted[i + 1]) * s;
           for (int u = 0; u < 4; ++u) x = nextafterf(x, -INFINITY);
           for (int u = 0; u < 9; ++u, x = nextafterf(x, INFINITY))
-            if (std::fabs(x) <= anchor && !(moment == LBOPT_MOMENT_SECOND && std::signbit(x))) xs.push_back(x);
+            if (std::fabs(x) <= anchor && !(moment != LBOPT_MOMENT_FIRST && std::signbit(x))) xs.push_back(x);
         }
         for (size_t next = 0; next < xs.size();) {  // blocks: the anchor sets absmax, the rest lie within it
           in.push_back(anchor);

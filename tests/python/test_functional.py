@@ -90,13 +90,14 @@ def _block_absmax(x, block):
     return np.repeat(pad.reshape(-1, block).max(1), block)[:x.size]
 
 
-@pytest.mark.parametrize("moment", ["m", "v"])
+@pytest.mark.parametrize("moment", ["m", "v", "v_signed"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantize_dequantize_round_trip(kind, moment):
     n = 4103
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(n) * np.exp(rng.uniform(-8, 0, n))).astype(np.float32)
-    if moment == "v":
+    second = moment != "m"
+    if second:
         x = x * x
     st = F.zeros_state(kind, n)
     F.quantize(kind, moment, x, st)
@@ -110,15 +111,16 @@ def test_quantize_dequantize_round_trip(kind, moment):
     block = F.state_layout(kind, n)["block_size"]
     absmax = _block_absmax(x, block)
     assert np.array_equal(st["scales"], _block_absmax(x, block)[::block] / (448 if kind == "fp8" else 1))
-    if moment == "v":  # a positive second moment never decodes to 0 (docs/formats.md, "The zero-point guard")
+    if second:  # a positive second moment never decodes to 0 (docs/formats.md, "The zero-point guard")
         assert (out[x > 0] > 0).all()
     if kind == "fp8":  # e4m3: 3 mantissa bits; subnormal steps of 2**-9 * scale, the least positive v code
         bound = np.abs(x) / 16 + absmax / 448 * 2.0 ** -9
     else:
-        bound = {("4bit", "m"): 0.125, ("4bit", "v"): 1 / 16, ("8bit", "m"): 0.01, ("8bit", "v"): 0.005}[
-            (kind, moment)] * absmax
+        # (v_signed: the signed 4-bit map's non-negative values, the unsigned map on 8 bits)
+        bound = {("4bit", "m"): 0.125, ("4bit", "v"): 1 / 16, ("4bit", "v_signed"): 0.1125, ("8bit", "m"): 0.01,
+                 ("8bit", "v"): 0.005, ("8bit", "v_signed"): 0.005}[(kind, moment)] * absmax
     assert (err <= bound * (1 + 1e-6)).all()
-    if moment == "v" or kind == "fp8":
+    if second or kind == "fp8":
         # the maps of v and fp8 hold the block's absmax exactly: quantizing the decoded values again is exact
         st2 = F.zeros_state(kind, n)
         F.quantize(kind, moment, out, st2)
@@ -127,7 +129,7 @@ def test_quantize_dequantize_round_trip(kind, moment):
 
 def test_quantize_rejects_bad_moment_and_sizes():
     x = np.ones(300, np.float32)
-    with pytest.raises(ValueError, match="moment must be 'm' or 'v'"):
+    with pytest.raises(ValueError, match="moment must be 'm', 'v' or 'v_signed'"):
         F.quantize("4bit", "w", x, F.zeros_state("4bit", 300))
     with pytest.raises(lbopt.LbOptValueError, match=r"dst\.codes: has 50 elements"):
         F.quantize("4bit", "m", x, F.zeros_state("4bit", 100))

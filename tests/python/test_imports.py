@@ -157,8 +157,8 @@ def test_hand_built_flat_bitsandbytes_layout_loads():
     codes = torch.randint(0, 256, (2, 5120), dtype=torch.uint8)
     absmax = torch.rand(2, 20) + 0.1
     entry = {"step": 4, "state1": codes[0].clone(), "absmax1": absmax[0].clone(),
-             "qmap1": _import.codebook(_abi.STATE_8BIT, False), "state2": codes[1].clone(),
-             "absmax2": absmax[1].clone(), "qmap2": _import.codebook(_abi.STATE_8BIT, True)}
+             "qmap1": _import.codebook(_abi.STATE_8BIT, _abi.MOMENT_FIRST), "state2": codes[1].clone(),
+             "absmax2": absmax[1].clone(), "qmap2": _import.codebook(_abi.STATE_8BIT, _abi.MOMENT_SECOND)}
     opt = LT.AdamW8bit([p])
     opt.load_state_dict({"state": {0: entry}, "param_groups": [{"params": [0], "lr": 1e-3}]})
     st = opt.state[p]

@@ -16,9 +16,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_every_probe_has_its_loop_counted():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_count.py")], capture_output=True, text=True,
                          check=True).stdout
-    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| (AdamW|SGD|Lion|AdEMAMix) \|", line)]
+    rows = [line.split("|")[1:-1] for line in out.splitlines()
+            if re.match(r"\| (AdamW|SGD|Lion|AdEMAMix|Muon) \|", line)]
     cells = {(r[0].strip(), r[1].strip(), r[2].strip()): r for r in rows}
-    assert len(rows) == len(cells) == 4 * 4 * 2
+    assert len(rows) == len(cells) == 5 * 4 * 2
     for (opt, kind, dtype), r in cells.items():
         loop, per_element, regs = int(r[3]), float(r[4]), int(r[7])
         assert loop > 100 and per_element > 10 and regs > 0, (opt, kind, dtype)

@@ -34,7 +34,7 @@ def step_args(kind, capturable, seed=0, amsgrad=False):
 
 def test_every_registry_operator_is_a_torch_op_with_its_schema():
     names = {T.torch_name(_abi.lib.lbopt_op_schema(i).contents.name.decode()) for i in range(_abi.lib.lbopt_op_count())}
-    assert names == set(T.OPS) and len(names) == _abi.lib.lbopt_op_count() == 36
+    assert names == set(T.OPS) and len(names) == _abi.lib.lbopt_op_count() == 44
     s = str(torch.ops.lbopt.adamw_step_capturable_4bit.default._schema)
     assert s.startswith("lbopt::adamw_step_capturable_4bit(Tensor(a!) param, Tensor grad, Tensor(b!) m_codes, "
                         "Tensor(c!)? m_scales,")

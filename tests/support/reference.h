@@ -42,12 +42,12 @@ inline double fp8_value(int code) {
   return (code & 0x80) ? -mag : mag;
 }
 
-// The values of every code of a (kind, moment) state; FP8 lists codes 0..255 with NaN codes excluded by the
-// encoder below.
-inline std::vector<double> table(int kind, bool second) {
+// The values of every code of a (kind, moment) state, moment an lbopt_moment (0 first, 1 second, 2 second on the
+// signed 4-bit map); FP8 lists codes 0..255 with NaN codes excluded by the encoder below.
+inline std::vector<double> table(int kind, int moment) {
   switch (kind) {
-    case k4Bit: return second ? linear_map_no_zero() : dynamic_map(true, 3);
-    case k8Bit: return dynamic_map(!second, 7);
+    case k4Bit: return moment == 1 ? linear_map_no_zero() : dynamic_map(true, 3);
+    case k8Bit: return dynamic_map(moment == 0, 7);
     default: {
       std::vector<double> v(256);
       for (int c = 0; c < 256; ++c) v[size_t(c)] = fp8_value(c);
@@ -60,7 +60,7 @@ struct Codec {
   int kind;
   bool second;
   std::vector<double> values;
-  Codec(int k, bool s) : kind(k), second(s), values(table(k, s)) {}
+  Codec(int k, int moment) : kind(k), second(moment != 0), values(table(k, moment)) {}
 
   double scale_for(double absmax) const {
     const double s = std::max(absmax, 1e-12);

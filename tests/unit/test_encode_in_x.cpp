@@ -63,12 +63,14 @@ int mismatches(const lbopt::Codec<Kind4Bit>& codec, float s, const float (&t)[16
   REQUIRE(scale.scale == s);
   float row[lbopt::kInXRow];
   lbopt::in_x_fixed_entries(row);
-  for (int k = 0; k < 16; ++k) row[lbopt::in_x_entry(k)] = lbopt::in_x_value(codec.mids, codec.second, k, s);
+  for (int k = 0; k < 16; ++k) row[lbopt::in_x_entry(k)] = lbopt::in_x_value(codec.mids, codec.unsigned_map, k, s);
   int bad = 0;
   for (const float x : xs) {
-    const uint32_t want = codec.encode(x, scale), searched = lbopt::codebook_encode(t, 16, x);
-    const uint32_t candidate = codec.second ? lbopt::encode_linear_in_x(x, row)
-                                            : lbopt::encode_signed_in_x(x, row, lbopt::encode4::kSignedBuckets.first);
+    const uint32_t want = codec.encode(x, scale), searched = codec.guard_zero(lbopt::codebook_encode(t, 16, x), x);
+    const uint32_t candidate = codec.guard_zero(
+        codec.unsigned_map ? lbopt::encode_linear_in_x(x, row)
+                           : lbopt::encode_signed_in_x(x, row, lbopt::encode4::kSignedBuckets.first),
+        x);
     if ((want != searched || want != candidate) && bad++ < 3)
       MESSAGE("x = " << x << " s = " << s << ": " << searched << " (search), " << candidate
                      << " (candidate) against " << want);
@@ -78,22 +80,22 @@ int mismatches(const lbopt::Codec<Kind4Bit>& codec, float s, const float (&t)[16
 
 }  // namespace
 
-TEST_CASE("4-bit codes of x by thresholds equal those of x / s, both maps, every scale") {
+TEST_CASE("4-bit codes of x by thresholds equal those of x / s, every map and moment, every scale") {
   std::mt19937 rng(11);
-  for (const bool second : {false, true}) {
-    const lbopt::Codec<Kind4Bit> codec = lbopt::host_codec<Kind4Bit>(second);
+  for (const lbopt::Moment moment : {lbopt::kMomentFirst, lbopt::kMomentSecond, lbopt::kMomentSecondSigned}) {
+    const lbopt::Codec<Kind4Bit> codec = lbopt::host_codec<Kind4Bit>(moment);
     int bad = 0;
     for (const float s : scales()) {
       float t[16];  // the thresholds, +inf for the missing midpoint 15
       for (int k = 0; k < 16; ++k) t[k] = k < 15 ? lbopt::threshold_of_midpoint(codec.mids[k], s) : INFINITY;
       bad += mismatches(codec, s, t, probes(s, t, rng));
     }
-    CHECK_MESSAGE(bad == 0, (std::string(second ? "unsigned" : "signed") + " map"));
+    CHECK_MESSAGE(bad == 0, "moment " << int(moment));
   }
 }
 
 TEST_CASE("a threshold is the least float whose quotient reaches its midpoint") {
-  const lbopt::Codec<Kind4Bit> codec = lbopt::host_codec<Kind4Bit>(false);
+  const lbopt::Codec<Kind4Bit> codec = lbopt::host_codec<Kind4Bit>(lbopt::kMomentFirst);
   for (const float s : {0.75f, 1.0f, 1e-9f}) {
     for (int k = 0; k < 15; ++k) {
       const float t = lbopt::threshold_of_midpoint(codec.mids[k], s);
@@ -101,8 +103,8 @@ TEST_CASE("a threshold is the least float whose quotient reaches its midpoint") 
       CHECK(nextafterf(t, -INFINITY) / s < codec.mids[k]);
     }
   }
-  for (const bool second : {false, true}) {  // what threshold_of_midpoint assumes of the midpoints
-    const float* mids = lbopt::host_codec<Kind4Bit>(second).mids;
+  for (const lbopt::Moment moment : {lbopt::kMomentFirst, lbopt::kMomentSecond}) {  // threshold_of_midpoint's premise
+    const float* mids = lbopt::host_codec<Kind4Bit>(moment).mids;
     for (int k = 0; k < 15; ++k) CHECK((isfinite(mids[k]) && mids[k] != 0.0f));
     CHECK(isinf(mids[15]));
   }
@@ -113,8 +115,8 @@ TEST_CASE("the GPU's threshold terms sum exactly to h * s, so its one rounding u
   // exact double h * s up. Both round the same real number iff below * s + tail == h * s exactly, which long double
   // (64-bit significands) holds without rounding: below * s has 48 significant bits, tail lies within them.
   int bad = 0;
-  for (const bool second : {false, true}) {
-    const float* mids = lbopt::host_codec<Kind4Bit>(second).mids;
+  for (const lbopt::Moment moment : {lbopt::kMomentFirst, lbopt::kMomentSecond}) {
+    const float* mids = lbopt::host_codec<Kind4Bit>(moment).mids;
     for (const float s : scales())
       for (int k = 0; k < 15; ++k) {
         const lbopt::ThresholdTerms t = lbopt::threshold_terms(mids[k], s);

@@ -40,7 +40,7 @@ std::vector<float> inputs(const Codec<K>& c, float top) {
 // code, and the mean decoded value is y to within the sweep's resolution. Returns the cases that fail.
 template <class K>
 int check_kind(float top) {
-  const Codec<K> c = host_codec<K>(false);
+  const Codec<K> c = host_codec<K>(kMomentFirst);
   const auto b = c.block_scale(top);  // scale 1: the decoded values are the map's
   REQUIRE(b.scale == 1.0f);
   constexpr int kSweep = 4096;
@@ -81,7 +81,7 @@ TEST_SUITE("unit") {
 
   TEST_CASE("stochastic code rounding: a value between two codes moves toward the farther one in proportion") {
     // 0.25 of the way from a code to the next: a quarter of the sweep takes the next code
-    const Codec<Kind4Bit> c = host_codec<Kind4Bit>(false);
+    const Codec<Kind4Bit> c = host_codec<Kind4Bit>(kMomentFirst);
     const float v = c.values[9], w = c.values[10];
     const float y = v + 0.25f * (w - v);
     int next = 0;

@@ -153,7 +153,7 @@ def is_checkpoint(entry, p):
 
 def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
     """Fill `state` (fresh tensors of this optimizer's kind over `local`, row-major) from a checkpoint entry, as
-    loaded for this process (DTensors on this mesh for a DTensor param). codebook(kind, second) gives lbopt's
+    loaded for this process (DTensors on this mesh for a DTensor param). codebook(kind, moment) gives lbopt's
     code values. added: the moments a setting turned on since may leave out of the entry (they stay zero).
     Returns the moments cut differently when saved (a list of Reblocked), for the caller to encode."""
     kind = KINDS[state["state_kind"]]
@@ -212,7 +212,7 @@ def from_checkpoint(entry, p, local, state, what, moments, codebook, added=()):
         i = torch.arange(local.numel(), device=codes.device)
         r, col = i // size, i % size
         scale = table[r, 1 + (offset[r] + col) // block - offset[r] // block]
-        values = (codebook(kind, moment == _abi.MOMENT_SECOND).to(codes.device)[codes.long()] if kind != _abi.STATE_FP8
+        values = (codebook(kind, moment).to(codes.device)[codes.long()] if kind != _abi.STATE_FP8
                   else codes.view(torch.float8_e4m3fn).to(torch.float32)) * scale
         reblock.append(Reblocked(name, moment, values))
     return reblock

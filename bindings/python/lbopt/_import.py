@@ -88,8 +88,8 @@ def unpack(codes, kind):
     return torch.stack((codes >> 4, codes & 15), 1).reshape(-1) if kind == _abi.STATE_4BIT else codes
 
 
-def _codebook(kind, second):
-    """lbopt's codebook of a kind as float32 values (each code decoded with scale 1)."""
+def _codebook(kind, moment):
+    """lbopt's codebook of a kind and lbopt_moment as float32 values (each code decoded with scale 1)."""
     n = 16 if kind == _abi.STATE_4BIT else 256
     codes = torch.arange(n, dtype=torch.uint8)
     if kind == _abi.STATE_4BIT:
@@ -97,18 +97,17 @@ def _codebook(kind, second):
     values = torch.empty(n)
     views = [tensor_view(codes), tensor_view(torch.ones(1)), tensor_view(values)]  # alive across the call
     state = _abi.State(views[0].ptr, views[1].ptr)
-    _abi.check(_abi.lib.lbopt_dequantize(kind, _abi.MOMENT_SECOND if second else _abi.MOMENT_FIRST, state,
-                                         views[2].ptr, None))
+    _abi.check(_abi.lib.lbopt_dequantize(kind, moment, state, views[2].ptr, None))
     return values
 
 
 _CODEBOOKS = {}
 
 
-def codebook(kind, second):
-    key = (kind, second)
+def codebook(kind, moment):
+    key = (kind, moment)
     if key not in _CODEBOOKS:
-        _CODEBOOKS[key] = _codebook(kind, second)
+        _CODEBOOKS[key] = _codebook(kind, moment)
     return _CODEBOOKS[key]
 
 
@@ -131,11 +130,11 @@ def decode(source, numel, what, name):
     return values * scales.to(torch.float32).repeat_interleave(block)[:numel]
 
 
-def copyable(source, kind, second, numel):
-    """Whether a coded source is already an lbopt state of `kind` for a row-major param: same codebook, same
-    blocks, same packing."""
+def copyable(source, kind, moment, numel):
+    """Whether a coded source is already an lbopt state of `kind` and lbopt_moment `moment` for a row-major param:
+    same codebook, same blocks, same packing."""
     if not isinstance(source, Coded) or source.kind != kind or kind == _abi.STATE_FP32:
         return False
     lay = _abi.layout(kind, numel)
     return (source.codes.numel() == lay.codes_numel and source.scales.numel() == lay.scales_numel
-            and (source.qmap is None or torch.equal(source.qmap.to(torch.float32).cpu(), codebook(kind, second))))
+            and (source.qmap is None or torch.equal(source.qmap.to(torch.float32).cpu(), codebook(kind, moment))))

@@ -108,11 +108,15 @@ def optimizer_fields(optimizer):
     return out
 
 
+_MOMENT_NAMES = {_abi.MOMENT_FIRST: "m", _abi.MOMENT_SECOND: "v", _abi.MOMENT_SECOND_SIGNED: "v_signed"}
+
+
 def state_names(optimizer, **options):
-    """The names of the states a step of this optimizer and options uses, in order, with their moments ('m' for
-    the signed maps, 'v' for the non-negative ones): e.g. ('m1', 'm'), ('m2', 'm'), ('nu', 'v') for AdEMAMix."""
-    return tuple((name, "v" if moment == _abi.MOMENT_SECOND else "m")
-                 for name, moment in _abi.optimizer_states(config(optimizer, **options)))
+    """The names of the states a step of this optimizer and options uses, in order, with their moments, the
+    codebooks quantize and dequantize take: 'm' (the signed maps), 'v' (the non-negative ones) or 'v_signed' (a
+    non-negative state on the signed 4-bit map; 'v' on the other kinds): e.g. ('m1', 'm'), ('m2', 'm'),
+    ('nu', 'v_signed') for AdEMAMix."""
+    return tuple((name, _MOMENT_NAMES[moment]) for name, moment in _abi.optimizer_states(config(optimizer, **options)))
 
 
 def step(optimizer, params, grads, states, lr, steps, *, kind="4bit", seed=0, **options):
@@ -181,7 +185,8 @@ def adamw_step(params, grads, states, lr, steps, *, kind="4bit", betas=(0.9, 0.9
 
 
 def quantize(kind, moment, src, state):
-    """Quantize a float32 array into state {'codes', 'scales'}; moment 'm' (first) or 'v' (second)."""
+    """Quantize a float32 array into state {'codes', 'scales'}; moment as state_names gives it: 'm' (first), 'v'
+    (second) or 'v_signed'."""
     views = [borrow(src)]  # kept alive across the call: the capsule owns the shape the library reads
     st = _state(state, views)
     _abi.check(_abi.lib.lbopt_quantize(kind_id(kind), _moment(moment), views[0].ptr, st, None))
@@ -195,8 +200,9 @@ def dequantize(kind, moment, state, dst):
 
 
 def _moment(moment):
-    if moment in ("m", 0):
-        return _abi.MOMENT_FIRST
-    if moment in ("v", "vmax", 1):
+    for value, name in _MOMENT_NAMES.items():
+        if moment in (name, value):
+            return value
+    if moment == "vmax":
         return _abi.MOMENT_SECOND
-    raise ValueError(f"lbopt: moment must be 'm' or 'v', not {moment!r}")
+    raise ValueError(f"lbopt: moment must be 'm', 'v' or 'v_signed', not {moment!r}")

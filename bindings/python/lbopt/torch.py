@@ -32,8 +32,8 @@ from ._dlpack import View
 from ._torch_views import dl_device, dl_dtype, tensor_view
 from .functional import KINDS, kind_id
 
-__all__ = ["LowBitAdamW", "LowBitSGD", "LowBitLion", "LowBitAdEMAMix", "to_torch_adamw_state_dict",
-           "load_torch_adamw_state_dict"]  # and the optimizer classes, added where they are generated
+__all__ = ["LowBitAdamW", "LowBitSGD", "LowBitLion", "LowBitAdEMAMix", "LowBitMuon", "muon_param_groups",
+           "to_torch_adamw_state_dict", "load_torch_adamw_state_dict"]  # and the optimizer classes, added where they are generated
 
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
 _MOMENTS = (("exp_avg", _abi.MOMENT_FIRST), ("exp_avg_sq", _abi.MOMENT_SECOND), ("max_exp_avg_sq", _abi.MOMENT_SECOND))
@@ -415,6 +415,11 @@ class _LowBit(torch.optim.Optimizer):
         """(fields of lbopt_optimizer_config, flags) of a param group, beyond kind, seed and the common flags."""
         raise NotImplementedError
 
+    def _saved_group(self, group):
+        """A param group of a state dict being loaded, completed with the defaults (torch.optim.AdamW's groups lack
+        lbopt's settings)."""
+        return {**self.defaults, **group}
+
     def _config(self, group, kind):
         fields, flags = self._fields(group)
         flags |= ((_abi.FLAG_MAXIMIZE if group["maximize"] else 0)
@@ -619,7 +624,7 @@ class _LowBit(torch.optim.Optimizer):
             result = hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        groups = [{**self.defaults, **g} for g in state_dict["param_groups"]]  # e.g. torch.optim.AdamW's groups
+        groups = [self._saved_group(g) for g in state_dict["param_groups"]]
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(own["params"]) for g, own in zip(groups, self.param_groups)):
             raise ValueError(f"lbopt: the state dict has groups of {[len(g['params']) for g in groups]} params, "
@@ -723,13 +728,13 @@ class _LowBit(torch.optim.Optimizer):
         kind = KINDS[st["state_kind"]]
         needed = self._states(group)
         sources, step = _import.moments(entry, what, [n for n, _ in needed])
-        if step is None and self._optimizer == "sgd":
-            step = 1  # torch.optim.SGD counts no steps; a saved buffer means at least one was made
+        if step is None and self._optimizer in ("sgd", "muon"):
+            step = 1  # torch.optim.SGD and Muon count no steps; a saved buffer means at least one was made
         st["step"] = _step_count(step, what)
         for moment_name, _ in needed:
             if moment_name not in sources:
                 raise ValueError(f"lbopt: the saved state of {what} has no {moment_name}")
-        if all(_import.copyable(sources[n], kind, m == _abi.MOMENT_SECOND, t.numel()) for n, m in needed):
+        if all(_import.copyable(sources[n], kind, m, t.numel()) for n, m in needed):
             _set_order(st, tuple(range(t.dim())))
             for moment_name, _ in needed:
                 source = sources[moment_name]
@@ -987,19 +992,165 @@ class LowBitLion(_LowBit):
 
 class LowBitAdEMAMix(_LowBit):
     """AdEMAMix (Pagliardini et al. 2024) as bitsandbytes' AdEMAMix: betas (beta1, beta2, beta3), alpha and the
-    optional warm-ups t_alpha and t_beta3 (None: none). States m1, m2, nu."""
+    optional warm-ups t_alpha and t_beta3 (None: none). States m1, m2, nu. With 4-bit states nu is kept on the
+    signed map's non-negative codes; a group's "nu_linear_map" (False unless set, True in the groups of state dicts
+    saved by lbopt 0.3) keeps it on the unsigned linear map, as lbopt 0.3 did."""
     __doc__ += _COMMON_DOC
     _optimizer = "ademamix"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None,
                  eps=1e-8, weight_decay=1e-2, **common):
         _init_common(self, params, dict(lr=lr, betas=betas, alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3,
-                                        eps=eps, weight_decay=weight_decay), **common)
+                                        eps=eps, weight_decay=weight_decay, nu_linear_map=False), **common)
 
     def _fields(self, group):
         warm = {k: 0.0 if group[k] is None else _real(group[k], k) for k in ("t_alpha", "t_beta3")}
-        return dict(_betas(group, 3), alpha=_real(group["alpha"], "alpha"), eps=_real(group["eps"], "eps"),
-                    weight_decay=_real(group["weight_decay"], "weight_decay"), **warm), 0
+        return (dict(_betas(group, 3), alpha=_real(group["alpha"], "alpha"), eps=_real(group["eps"], "eps"),
+                     weight_decay=_real(group["weight_decay"], "weight_decay"), **warm),
+                _abi.FLAG_NU_LINEAR_MAP if group.get("nu_linear_map") else 0)
+
+    def _saved_group(self, group):
+        # an lbopt group (it has fp32_state) saved without the setting is lbopt 0.3's, whose nu is on the linear map
+        if "fp32_state" in group and "nu_linear_map" not in group:
+            group = {**group, "nu_linear_map": True}
+        return super()._saved_group(group)
+
+
+_MUON_ADJUST_LR = (None, "original", "match_rms_adamw", "spectral_unclamped")
+
+
+class LowBitMuon(_LowBit):
+    """Muon (Jordan et al. 2024) as torch.optim.Muon: the same arguments, defaults, errors and operation order, and
+    with fp32 states the same params bit for bit. lbopt moves the momentum (one library call per param group and
+    state kind) and writes each param's update direction in bfloat16, the dtype the Newton-Schulz iteration runs
+    in; the iteration, the lr adjustment and the decoupled weight decay run in torch on the param's device. The
+    directions of a group live while its step runs (2 bytes per param). 2-D params only; pair it with an lbopt
+    AdamW for the others (muon_param_groups). DTensor (sharded) params are refused: the iteration needs the
+    whole matrix. State: momentum_buffer."""
+    __doc__ += _COMMON_DOC
+    _optimizer = "muon"
+    _step_supports_amp_scaling = False  # GradScaler unscales the grads: the direction is not the param's update
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, **common):
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 <= lr:
+            raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+        if not 0.0 <= momentum:
+            raise ValueError(f"momentum should be >= 0 but is: {momentum}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+        if adjust_lr_fn not in _MUON_ADJUST_LR:
+            raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+        for flag in ("bf16_stochastic_round", "skip_nonfinite"):
+            if common.get(flag):
+                raise ValueError(f"lbopt: {flag}=True is not supported by Muon (torch updates the params)")
+        _init_common(self, params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+                                        adjust_lr_fn=adjust_lr_fn), **common)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon only supports 2D parameters whereas we found a parameter with size: "
+                                     f"{p.size()}")
+
+    def _fields(self, group):
+        return (dict(momentum=_real(group["momentum"], "momentum")),
+                _abi.FLAG_NESTEROV if group["nesterov"] else 0)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _run_closure(closure)
+        for group in self.param_groups:
+            self._step_group(group)
+        return loss
+
+    def _step_group(self, group):
+        """The library's momentum step for the group's params with grads, one call per device and state kind,
+        then torch.optim.Muon's orthogonalization and update of each param from its direction."""
+        names = self._states(group)
+        by_call, directions, pending, held = {}, [], {}, []
+        for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
+            if p.grad is None:
+                continue
+            if torch.is_complex(p):
+                raise RuntimeError("Muon does not support complex parameters")
+            if p.grad.is_sparse:
+                raise RuntimeError("Muon does not support sparse gradients")
+            if p.grad.ndim != 2:
+                raise ValueError("Param gradient must be a 2D matrix")
+            if _checkpoint.is_dtensor(p):
+                raise ValueError(f"lbopt: Muon: {_what(p, name)} is a DTensor; the Newton-Schulz iteration needs "
+                                 f"the whole matrix, which lbopt does not gather (use torch.optim.Muon for it)")
+            direction = torch.empty_like(p, dtype=torch.bfloat16)
+            state = self.state.get(p) or self._init_state(p, group, name)
+            if state is not self.state.get(p):
+                pending[p] = state
+            ps = _ParamSlot(direction, state, names, p, name)
+            held.append(ps.set_grad(p.grad, direction))
+            ps.slot.step = state["step"] + 1
+            batch = by_call.setdefault(ps.call_key, _Batch([], []))
+            batch.param_slots.append(ps)
+            batch.states.append(state)
+            directions.append((p, direction))
+        calls = [_Call(key, batch).prepare(self._config(group, key.kind), _lr(group), held, None, None, False)
+                 for key, batch in by_call.items()]
+        for call in calls[1:]:
+            call.validate()
+        if calls:
+            calls[0].run()
+        self.state.update(pending)
+        for call in calls[1:]:
+            call.run()
+        lr, wd = _lr(group), group["weight_decay"]
+        for p, direction in directions:
+            update = _newton_schulz(direction, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            p.mul_(1 - lr * wd)
+            p.add_(update, alpha=-_muon_lr(lr, group["adjust_lr_fn"], p.shape))
+
+
+def _newton_schulz(x, coefficients, steps, eps):
+    """torch.optim.Muon's orthogonalization of a bfloat16 matrix x, in its operations: x / max(|x|_F, eps), then
+    steps of the quintic x <- a x + (b A + c A A) x with A = x x^T, on x or, for a tall matrix, its transpose."""
+    if steps >= 100:
+        raise ValueError("Number of steps must be less than 100 for computational efficiency")
+    if len(coefficients) != 3:
+        raise ValueError("Coefficients must be a tuple of exactly 3 values")
+    a, b, c = coefficients
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x.div(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def _muon_lr(lr, adjust_lr_fn, shape):
+    """torch.optim.Muon's lr for a matrix of shape (A, B): scaled by sqrt(max(1, A / B)) ("original", the
+    default), 0.2 sqrt(max(A, B)) ("match_rms_adamw") or sqrt(A / B) ("spectral_unclamped")."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn in (None, "original"):
+        return lr * math.sqrt(max(1, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr * math.sqrt(rows / cols)
+
+
+def muon_param_groups(model, adamw_names=("embed", "lm_head", "head", "output")):
+    """The params of model split as the Muon authors recommend: (muon, adamw), Muon for the 2-D weights of hidden
+    layers, AdamW for the rest (embeddings, the output head, biases, norms' gains). A 2-D param goes to AdamW when
+    it belongs to an nn.Embedding or its qualified name contains one of adamw_names."""
+    muon, adamw = [], []
+    embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        to_adamw = p.ndim != 2 or id(p) in embeddings or any(part in name for part in adamw_names)
+        (adamw if to_adamw else muon).append(p)
+    return muon, adamw
 
 
 # BEGIN GENERATED CLASSES: written by tools/gen_torch_classes.py from its table; edit that, then rerun it
@@ -1177,9 +1328,53 @@ class AdEMAMix(LowBitAdEMAMix):
                          weight_decay=weight_decay, **{**common, "state_kind": "fp32"})
 
 
+class Muon4bit(LowBitMuon):
+    """Muon with a 4-bit momentum (block 128), 0.53 bytes/param."""
+    __doc__ += "\n" + LowBitMuon.__doc__
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, **common):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                         **{**common, "state_kind": "4bit"})
+
+
+class Muon8bit(LowBitMuon):
+    """Muon with an 8-bit dynamic-map momentum (block 256)."""
+    __doc__ += "\n" + LowBitMuon.__doc__
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, **common):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                         **{**common, "state_kind": "8bit"})
+
+
+class MuonFp8(LowBitMuon):
+    """Muon with a float8 e4m3 momentum (block 256)."""
+    __doc__ += "\n" + LowBitMuon.__doc__
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, **common):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                         **{**common, "state_kind": "fp8"})
+
+
+class Muon(LowBitMuon):
+    """Muon with a full-precision (fp32) momentum."""
+    __doc__ += "\n" + LowBitMuon.__doc__
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, **common):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                         **{**common, "state_kind": "fp32"})
+
+
 __all__ += ["AdamW4bit", "AdamW8bit", "AdamWFp8", "AdamW", "Adam4bit", "Adam8bit", "AdamFp8", "SGD4bit", "SGD8bit",
             "SGDFp8", "SGD", "Lion4bit", "Lion8bit", "LionFp8", "Lion", "AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8",
-            "AdEMAMix"]
+            "AdEMAMix", "Muon4bit", "Muon8bit", "MuonFp8", "Muon"]
 # END GENERATED CLASSES
 
 

@@ -56,11 +56,14 @@ pub const LBOPT_FLAG_NESTEROV: u32 = 0x20;
 pub const LBOPT_FLAG_STATE_STOCHASTIC_ROUND: u32 = 0x40;
 /// Round them to nearest; neither flag: the optimizer's and kind's default. Since 0.4.
 pub const LBOPT_FLAG_STATE_NEAREST_ROUND: u32 = 0x80;
+/// AdEMAMix: nu on the unsigned map (4-bit: the linear one, as lbopt 0.3 kept it). Since 0.4.
+pub const LBOPT_FLAG_NU_LINEAR_MAP: u32 = 0x100;
 /// The flags lbopt_adamw_config knows.
 pub const LBOPT_FLAGS_ALL: u32 = 0xDF;
 
 pub const LBOPT_MOMENT_FIRST: c_int = 0;
 pub const LBOPT_MOMENT_SECOND: c_int = 1;
+pub const LBOPT_MOMENT_SECOND_SIGNED: c_int = 2;
 /// lbopt_attr_type: the type of an lbopt_field_info (since 0.4).
 pub const LBOPT_ATTR_DOUBLE: i32 = 0;
 pub const LBOPT_ATTR_BOOL: i32 = 2;
@@ -70,6 +73,7 @@ pub const LBOPT_OPTIMIZER_ADAMW: c_int = 0;
 pub const LBOPT_OPTIMIZER_SGD: c_int = 1;
 pub const LBOPT_OPTIMIZER_LION: c_int = 2;
 pub const LBOPT_OPTIMIZER_ADEMAMIX: c_int = 3;
+pub const LBOPT_OPTIMIZER_MUON: c_int = 4;
 
 pub const LBOPT_MAX_STATES: usize = 3;
 

@@ -146,13 +146,17 @@ impl Layout {
 pub enum Moment {
     First,
     Second,
+    /// Non-negative, on the signed 4-bit map's non-negative codes (AdEMAMix's nu); `Second` on the other kinds.
+    SecondSigned,
 }
 
 impl Moment {
+    const ALL: [Moment; 3] = [Moment::First, Moment::Second, Moment::SecondSigned];
     fn id(self) -> c_int {
         match self {
             Moment::First => ffi::LBOPT_MOMENT_FIRST,
             Moment::Second => ffi::LBOPT_MOMENT_SECOND,
+            Moment::SecondSigned => ffi::LBOPT_MOMENT_SECOND_SIGNED,
         }
     }
 }
@@ -247,11 +251,15 @@ pub enum Optimizer {
     Lion,
     /// AdEMAMix (bitsandbytes' update).
     AdEMAMix,
+    /// Muon's momentum: the step writes the update direction into the param buffer, for the caller to
+    /// orthogonalize and apply.
+    Muon,
 }
 
 impl Optimizer {
     /// Every optimizer, in the order of `lbopt_optimizer`.
-    pub const ALL: [Optimizer; 4] = [Optimizer::AdamW, Optimizer::Sgd, Optimizer::Lion, Optimizer::AdEMAMix];
+    pub const ALL: [Optimizer; 5] =
+        [Optimizer::AdamW, Optimizer::Sgd, Optimizer::Lion, Optimizer::AdEMAMix, Optimizer::Muon];
 
     fn id(self) -> c_int {
         match self {
@@ -259,6 +267,7 @@ impl Optimizer {
             Optimizer::Sgd => ffi::LBOPT_OPTIMIZER_SGD,
             Optimizer::Lion => ffi::LBOPT_OPTIMIZER_LION,
             Optimizer::AdEMAMix => ffi::LBOPT_OPTIMIZER_ADEMAMIX,
+            Optimizer::Muon => ffi::LBOPT_OPTIMIZER_MUON,
         }
     }
 
@@ -266,7 +275,7 @@ impl Optimizer {
         Optimizer::ALL.into_iter().find(|o| o.id() == id)
     }
 
-    /// The library's name (`lbopt_optimizer_name`: "adamw", "sgd", "lion", "ademamix").
+    /// The library's name (`lbopt_optimizer_name`: "adamw", "sgd", "lion", "ademamix", "muon").
     pub fn name(self) -> &'static str {
         // SAFETY: a plain call; every Optimizer is one the library names.
         static_str(unsafe { ffi::lbopt_optimizer_name(self.id()) }).unwrap_or("?")
@@ -417,6 +426,11 @@ impl OptimizerConfig {
     pub fn nesterov(self, on: bool) -> Self {
         self.flag(ffi::LBOPT_FLAG_NESTEROV, on)
     }
+    /// AdEMAMix: keep nu on the unsigned map (4-bit: the linear one, as lbopt 0.3 did;
+    /// `LBOPT_FLAG_NU_LINEAR_MAP`).
+    pub fn nu_linear_map(self, on: bool) -> Self {
+        self.flag(ffi::LBOPT_FLAG_NU_LINEAR_MAP, on)
+    }
     /// Ascend: use -grad (`LBOPT_FLAG_MAXIMIZE`).
     pub fn maximize(self, on: bool) -> Self {
         self.flag(ffi::LBOPT_FLAG_MAXIMIZE, on)
@@ -488,10 +502,8 @@ impl OptimizerConfig {
         infos[..n.min(MAX_STATES)]
             .iter()
             .map(|i| {
-                let moment = match i.moment {
-                    ffi::LBOPT_MOMENT_FIRST => Moment::First,
-                    ffi::LBOPT_MOMENT_SECOND => Moment::Second,
-                    m => return Err(binding_error(format!("lbopt_optimizer_states gave moment {m}"))),
+                let Some(moment) = Moment::ALL.into_iter().find(|m| m.id() == i.moment) else {
+                    return Err(binding_error(format!("lbopt_optimizer_states gave moment {}", i.moment)));
                 };
                 Ok(StateInfo { name: static_str(i.name).unwrap_or("?"), moment })
             })

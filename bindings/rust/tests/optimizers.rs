@@ -251,7 +251,7 @@ fn ademamix_fp32_matches_reference() {
         let (g, l) = (grads(0.2), lrs(ADEMAMIX_LR));
         let (p, opt) = run(config, &g, &l);
         let names: Vec<_> = opt.state_infos().iter().map(|i| (i.name, i.moment)).collect();
-        assert_eq!(names, [("m1", Moment::First), ("m2", Moment::First), ("nu", Moment::Second)]);
+        assert_eq!(names, [("m1", Moment::First), ("m2", Moment::First), ("nu", Moment::SecondSigned)]);
         let [want, m1, m2, nu] = ademamix_ref(config.raw(), &g, &l);
         assert_params_close(what, &p, &want);
         for (k, s) in [m1, m2, nu].iter().enumerate() {
@@ -426,6 +426,12 @@ fn states_and_defaults_come_from_the_library() {
     assert_eq!(names(adamw), [("exp_avg", Moment::First), ("exp_avg_sq", Moment::Second)]);
     assert_eq!(names(adamw.amsgrad(true)).last(), Some(&("max_exp_avg_sq", Moment::Second)));
     assert_eq!(names(OptimizerConfig::new(Optimizer::Lion).unwrap()), [("exp_avg", Moment::First)]);
+    let ademamix = OptimizerConfig::new(Optimizer::AdEMAMix).unwrap();
+    assert_eq!(names(ademamix).last(), Some(&("nu", Moment::SecondSigned)));
+    assert_eq!(names(ademamix.nu_linear_map(true)).last(), Some(&("nu", Moment::Second)));
+    let muon = OptimizerConfig::new(Optimizer::Muon).unwrap();
+    assert_eq!(names(muon), [("momentum_buffer", Moment::First)]);
+    assert_eq!(muon.raw().momentum, 0.95);
 
     let c = |o| *OptimizerConfig::new(o).unwrap().raw();
     assert_eq!(OptimizerConfig::new(Optimizer::Lion).unwrap().kind(), Some(StateKind::Bit4));
