@@ -471,11 +471,13 @@ LibRun run_library(const lbopt_optimizer_config& cfg, const std::vector<double>&
     const lbopt_status st = lbopt_step(&cfg, lr_at(cfg.optimizer, t), &s, 1, nullptr);
     REQUIRE_MESSAGE(st == LBOPT_OK, lbopt_last_error());
     if (t == 1)
-      for (int k = 0; k < ns; ++k) out.states_after_1.push_back(out.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags)));
+      for (int k = 0; k < ns; ++k)
+        out.states_after_1.push_back(out.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags)));
   }
   for (double x : out.slot->params()) out.finite = out.finite && std::isfinite(x);
   for (int k = 0; k < ns; ++k)
-    for (double x : out.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags))) out.finite = out.finite && std::isfinite(x);
+    for (double x : out.slot->state(k, model_moment(cfg.optimizer, k, cfg.flags)))
+      out.finite = out.finite && std::isfinite(x);
   return out;
 }
 

@@ -168,7 +168,7 @@ def test_optimizer_classes_are_written_out():
         changed = {k: ast.literal_eval(v) for k, v in variant.get("defaults", {}).items()}
         for p in expected:
             assert own[p.name].default == changed.get(p.name, p.default), (name, p.name)
-        opt = cls([torch.nn.Parameter(torch.zeros(4))], state_kind="fp32")  # the class's kind wins, as always
+        opt = cls([torch.nn.Parameter(torch.zeros(2, 2))], state_kind="fp32")  # the class's kind wins, as always
         assert opt.state_kind == kind_id(kind)
         assert getattr(opt, "adam", False) == (variant.get("fixed", {}).get("adam") == "True")
     public = {n for n, v in vars(LT).items() if not n.startswith("_") and getattr(v, "__module__", None) == LT.__name__}

@@ -1,9 +1,11 @@
-"""lbopt: low-bit optimizer states (4-bit, 8-bit, FP8, or fp32) for AdamW, Adam, SGD with momentum, Lion and
-AdEMAMix, stepped in place by the lbopt C library (CPU, and CUDA where it was built with it) behind a C ABI.
+"""lbopt: low-bit optimizer states (4-bit, 8-bit, FP8, or fp32) for AdamW, Adam, SGD with momentum, Lion,
+AdEMAMix and Muon, stepped in place by the lbopt C library (CPU, and CUDA where it was built with it) behind a C
+ABI.
 
   lbopt.torch       drop-in torch.optim optimizers: AdamW4bit, AdamW8bit, AdamWFp8, AdamW (fp32 states);
                     Adam4bit, Adam8bit, AdamFp8; SGD4bit ... SGD; Lion4bit ... Lion; AdEMAMix4bit ... AdEMAMix;
-                    and LowBitAdamW, LowBitSGD, LowBitLion, LowBitAdEMAMix, which take the kind as state_kind
+                    Muon4bit ... Muon (with muon_param_groups); and LowBitAdamW, LowBitSGD, LowBitLion,
+                    LowBitAdEMAMix, LowBitMuon, which take the kind as state_kind
   lbopt.offload     CPUOffload: any lbopt.torch optimizer with its states in host memory, params on the GPU
   lbopt.functional  one fused step of any optimizer over in-place DLPack arrays (NumPy, PyTorch, ...), states
                     made, quantized and decoded; needs neither torch nor jax

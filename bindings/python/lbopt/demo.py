@@ -21,9 +21,11 @@ import resource
 import time
 
 FORTUNES = "/usr/share/games/fortunes"
-OPTIMIZERS = ("fp32", "lbopt-8bit", "lbopt-4bit", "torchao-4bit")
+OPTIMIZERS = ("fp32", "lbopt-8bit", "lbopt-4bit", "torchao-4bit", "lbopt-muon4bit")
+DEFAULT = ("fp32", "lbopt-8bit", "lbopt-4bit")  # and torchao-4bit where torchao is installed
 LABELS = {"fp32": "torch AdamW (fp32)", "lbopt-8bit": "lbopt AdamW8bit", "lbopt-4bit": "lbopt AdamW4bit",
-          "torchao-4bit": "torchao AdamW4bit"}
+          "torchao-4bit": "torchao AdamW4bit", "lbopt-muon4bit": "lbopt Muon4bit + AdamW4bit"}
+MUON_LR = 0.02  # Muon's lr for the hidden matrices (its authors'); the other params take --lr
 
 
 def load_corpus(path):
@@ -90,23 +92,28 @@ def sample_batch(torch, src, g, args, device):
     return x.to(device), y.to(device)
 
 
-def make_optimizer(torch, name, params, lr):
+def make_optimizers(torch, name, model, lr):
+    """The optimizers of a run: one, or Muon for the hidden matrices and AdamW for the other params."""
+    params = model.parameters()
     if name == "fp32":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+        return [torch.optim.AdamW(params, lr=lr, weight_decay=0.01)]
     if name == "torchao-4bit":
         from torchao.optim import AdamW4bit
 
-        return AdamW4bit(params, lr=torch.tensor(lr), weight_decay=0.01)  # a tensor lr: no recompile per lr
+        return [AdamW4bit(params, lr=torch.tensor(lr), weight_decay=0.01)]  # a tensor lr: no recompile per lr
     import lbopt.torch as lt
 
-    return {"lbopt-8bit": lt.AdamW8bit, "lbopt-4bit": lt.AdamW4bit}[name](params, lr=lr, weight_decay=0.01)
+    if name == "lbopt-muon4bit":
+        muon, rest = lt.muon_param_groups(model)
+        return [lt.Muon4bit(muon, lr=MUON_LR, weight_decay=0.01), lt.AdamW4bit(rest, lr=lr, weight_decay=0.01)]
+    return [{"lbopt-8bit": lt.AdamW8bit, "lbopt-4bit": lt.AdamW4bit}[name](params, lr=lr, weight_decay=0.01)]
 
 
-def state_bytes(torch, opt):
-    """Bytes of every tensor in the optimizer state (quantized codes and scales included; torchao's state
+def state_bytes(torch, opts):
+    """Bytes of every tensor in the optimizers' states (quantized codes and scales included; torchao's state
     subclasses count their inner tensors)."""
     total = 0
-    for st in opt.state.values():
+    for st in (st for opt in opts for st in opt.state.values()):
         for v in st.values():
             if not torch.is_tensor(v):
                 continue
@@ -135,8 +142,8 @@ def train(name, args, queue):
     train_data, val_data = data[:split], data[split:]
     device = torch.device(args.device)
     model = build_model(torch, len(chars), args).to(device)
-    opt = make_optimizer(torch, name, model.parameters(), args.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, args.steps))
+    opts = make_optimizers(torch, name, model, args.lr)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, args.steps)) for opt in opts]
     gen = torch.Generator().manual_seed(args.seed + 1)
 
     def batch(src, g):
@@ -159,14 +166,17 @@ def train(name, args, queue):
         x, y = batch(train_data, gen)
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
         sync()
         t1 = time.perf_counter()
-        opt.step()
+        for opt in opts:
+            opt.step()
         sync()
         t2 = time.perf_counter()
-        sched.step()
+        for sched in scheds:
+            sched.step()
         step_times.append(t2 - t0)
         opt_times.append(t2 - t1)
         curve.append(loss.item())
@@ -178,7 +188,7 @@ def train(name, args, queue):
         "train_curve": curve,
         "val_curve": val_curve,
         "val_loss": val_curve[-1][1],
-        "state_bytes": state_bytes(torch, opt),
+        "state_bytes": state_bytes(torch, opts),
         "params": sum(p.numel() for p in model.parameters()),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "step_ms": 1e3 * sum(step_times[skip:]) / len(step_times[skip:]),
@@ -203,7 +213,7 @@ def plot(results, path):
     ax1.grid(alpha=0.3)
     names = [LABELS[r["name"]] for r in results]
     mb = [r["state_bytes"] / 2**20 for r in results]
-    bars = ax2.bar(names, mb, color=["#777777", "#4c72b0", "#55a868", "#c44e52"][: len(results)])
+    bars = ax2.bar(names, mb, color=["#777777", "#4c72b0", "#55a868", "#c44e52", "#8172b2"][: len(results)])
     for b, r in zip(bars, results):
         ax2.annotate(f"{r['state_bytes'] / r['params']:.2f} B/param", (b.get_x() + b.get_width() / 2, b.get_height()),
                      ha="center", va="bottom", fontsize=9)
@@ -229,7 +239,8 @@ def table(results):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m lbopt.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--optimizers", default=None,
-                    help=f"comma-separated, from {','.join(OPTIMIZERS)} (default: all available)")
+                    help=f"comma-separated, from {','.join(OPTIMIZERS)} (default: {','.join(DEFAULT)}, and "
+                         f"torchao-4bit where torchao is installed)")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
@@ -250,7 +261,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    names = args.optimizers.split(",") if args.optimizers else [n for n in OPTIMIZERS if n != "torchao-4bit"]
+    names = args.optimizers.split(",") if args.optimizers else list(DEFAULT)
     if args.optimizers is None:
         try:
             import torchao.optim  # noqa: F401

@@ -32,8 +32,9 @@ from ._dlpack import View
 from ._torch_views import dl_device, dl_dtype, tensor_view
 from .functional import KINDS, kind_id
 
+# the classes with a state kind join __all__ where they are generated, below
 __all__ = ["LowBitAdamW", "LowBitSGD", "LowBitLion", "LowBitAdEMAMix", "LowBitMuon", "muon_param_groups",
-           "to_torch_adamw_state_dict", "load_torch_adamw_state_dict"]  # and the optimizer classes, added where they are generated
+           "to_torch_adamw_state_dict", "load_torch_adamw_state_dict"]
 
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
 _MOMENTS = (("exp_avg", _abi.MOMENT_FIRST), ("exp_avg_sq", _abi.MOMENT_SECOND), ("max_exp_avg_sq", _abi.MOMENT_SECOND))
