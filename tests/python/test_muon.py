@@ -141,3 +141,17 @@ def test_functional_step_writes_the_direction():
     buf = torch.as_tensor(state["momentum_buffer"]["codes"])
     assert torch.equal(buf, torch.zeros(300).lerp(g, 1 - 0.9))
     assert torch.equal(direction, g.lerp(buf, 0.9))
+
+
+def test_a_refused_step_writes_nothing():
+    """The calls of every group are validated before the first runs: a refusal in the second group leaves the
+    first group's params and states as they were (none made)."""
+    params = [nn.Parameter(p.clone()) for p in _params()]
+    opt = LT.Muon4bit([{"params": params[:2]}, {"params": params[2:]}])
+    for p, g in zip(params, _grads(params, 0)):
+        p.grad = g
+    opt.param_groups[1]["lr"] = float("nan")
+    before = [p.detach().clone() for p in params]
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before)) and not opt.state

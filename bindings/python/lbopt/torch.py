@@ -550,6 +550,12 @@ class _LowBit(torch.optim.Optimizer):
         pending = {}  # param -> its new state dict
         calls = self._plan(pending)
         self._planned_states = None  # until this step has run
+        self._run(calls, pending)
+        self._planned_states = _StateSnapshot(self.state)
+
+    def _run(self, calls, pending):
+        """Validate every call but the first, run the first (the library validates a call before it writes), commit
+        the states the plan created or replaced (pending), then run the others."""
         for call in calls[1:]:
             call.validate()
         if calls:
@@ -557,7 +563,6 @@ class _LowBit(torch.optim.Optimizer):
         self.state.update(pending)
         for call in calls[1:]:
             call.run()
-        self._planned_states = _StateSnapshot(self.state)
 
     # Under torch.compile the library call is opaque: dynamo would otherwise trace into the ctypes internals and
     # hit its recompile limit; a compiled function calling step() gets one graph break here and runs it eagerly.
@@ -1025,7 +1030,7 @@ class LowBitMuon(_LowBit):
     with fp32 states the same params bit for bit. lbopt moves the momentum (one library call per param group and
     state kind) and writes each param's update direction in bfloat16, the dtype the Newton-Schulz iteration runs
     in; the iteration, the lr adjustment and the decoupled weight decay run in torch on the param's device. The
-    directions of a group live while its step runs (2 bytes per param). 2-D params only; pair it with an lbopt
+    directions live while a step runs (2 bytes per param). A refused step writes nothing. 2-D params only; pair it with an lbopt
     AdamW for the others (muon_param_groups). DTensor (sharded) params are refused: the iteration needs the
     whole matrix. State: momentum_buffer."""
     __doc__ += _COMMON_DOC
@@ -1062,16 +1067,24 @@ class LowBitMuon(_LowBit):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """The library's momentum step, one call per param group, device and state kind, all validated before the
+        first runs; then torch.optim.Muon's orthogonalization and update of each param from its direction."""
         loss = _run_closure(closure)
+        calls, pending, updates = [], {}, []
         for group in self.param_groups:
-            self._step_group(group)
+            calls.extend(self._plan_muon(group, pending, updates))
+        self._run(calls, pending)
+        for p, direction, group in updates:
+            lr = _lr(group)
+            update = _newton_schulz(direction, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update, alpha=-_muon_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
 
-    def _step_group(self, group):
-        """The library's momentum step for the group's params with grads, one call per device and state kind,
-        then torch.optim.Muon's orthogonalization and update of each param from its direction."""
+    def _plan_muon(self, group, pending, updates):
+        """The calls of a group's momentum step, each param's direction (and its group) appended to updates."""
         names = self._states(group)
-        by_call, directions, pending, held = {}, [], {}, []
+        by_call, held = {}, []
         for p, name in zip(group["params"], group.get("param_names") or [None] * len(group["params"])):
             if p.grad is None:
                 continue
@@ -1094,21 +1107,9 @@ class LowBitMuon(_LowBit):
             batch = by_call.setdefault(ps.call_key, _Batch([], []))
             batch.param_slots.append(ps)
             batch.states.append(state)
-            directions.append((p, direction))
-        calls = [_Call(key, batch).prepare(self._config(group, key.kind), _lr(group), held, None, None, False)
-                 for key, batch in by_call.items()]
-        for call in calls[1:]:
-            call.validate()
-        if calls:
-            calls[0].run()
-        self.state.update(pending)
-        for call in calls[1:]:
-            call.run()
-        lr, wd = _lr(group), group["weight_decay"]
-        for p, direction in directions:
-            update = _newton_schulz(direction, group["ns_coefficients"], group["ns_steps"], group["eps"])
-            p.mul_(1 - lr * wd)
-            p.add_(update, alpha=-_muon_lr(lr, group["adjust_lr_fn"], p.shape))
+            updates.append((p, direction, group))
+        return [_Call(key, batch).prepare(self._config(group, key.kind), _lr(group), held, None, None, False)
+                for key, batch in by_call.items()]
 
 
 def _newton_schulz(x, coefficients, steps, eps):
