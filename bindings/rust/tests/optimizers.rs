@@ -287,7 +287,11 @@ fn four_bit_runs_stay_finite_and_close_to_fp32() {
         let cos = cosine(&p4, &p32, &p0);
         eprintln!("{what}: relative distance from fp32: 4-bit {d4:.4}, 8-bit {d8:.4}; 4-bit cosine {cos:.4}");
         assert!(d4 <= 0.3, "{what}: the 4-bit run is {d4} (relative) from the fp32 run");
-        assert!(cos >= 0.97, "{what}: the 4-bit run moved in another direction (cosine {cos})");
+        // AdEMAMix's 4-bit nu on the signed map's non-negative codes is coarser than the linear map near its
+        // block's largest values (a step of 0.225 against 1/16): here 0.970 against the linear map's 0.978, while it
+        // trains as fp32 where the linear map does not (docs/optimizers.md)
+        let min_cos = if what == "ademamix" { 0.96 } else { 0.97 };
+        assert!(cos >= min_cos, "{what}: the 4-bit run moved in another direction (cosine {cos})");
         assert!(d8 <= 0.1, "{what}: the 8-bit run is {d8} (relative) from the fp32 run");
         assert!(d4 > 2.0 * d8, "{what}: 4-bit ({d4}) should be coarser than 8-bit ({d8}): are the states 4-bit?");
     }
@@ -409,7 +413,7 @@ fn names_come_from_the_library() {
     }
     assert!("3bit".parse::<StateKind>().unwrap_err().message.contains("4bit, 8bit, fp8, fp32"));
     let opts: Vec<_> = Optimizer::ALL.iter().map(|o| o.name()).collect();
-    assert_eq!(opts, ["adamw", "sgd", "lion", "ademamix"]);
+    assert_eq!(opts, ["adamw", "sgd", "lion", "ademamix", "muon"]);
     for o in Optimizer::ALL {
         assert_eq!(Optimizer::from_name(o.name()), Some(o));
         assert_eq!(OptimizerConfig::new(o).unwrap().optimizer(), o);
@@ -563,7 +567,10 @@ fn each_optimizer_lists_its_fields_with_the_defaults_it_starts_from() {
             Optimizer::AdamW => &["beta1", "beta2", "eps", "weight_decay", "adam", "amsgrad"][..],
             Optimizer::Sgd => &["momentum", "dampening", "weight_decay", "nesterov"][..],
             Optimizer::Lion => &["beta1", "beta2", "weight_decay"][..],
-            Optimizer::AdEMAMix => &["beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay"][..],
+            Optimizer::AdEMAMix => {
+                &["beta1", "beta2", "beta3", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "nu_linear_map"][..]
+            }
+            Optimizer::Muon => &["momentum", "nesterov"][..],
         };
         assert_eq!(names, want, "{opt}");
         for f in &fields {
@@ -586,5 +593,37 @@ fn each_optimizer_lists_its_fields_with_the_defaults_it_starts_from() {
             assert_eq!(f.default, value, "{opt}: {}", f.name);
             assert!(f.min <= f.default && (f.default < f.max || (f.max_inclusive && f.default <= f.max)));
         }
+    }
+}
+
+/// Muon's momentum (torch.optim.Muon's order) in f64: the direction the step writes into the param buffer, and
+/// the buffer.
+fn muon_ref(momentum: f64, nesterov: bool, grads: &[Vec<f32>]) -> (Vec<f64>, Vec<f64>) {
+    let (mut dir, mut buf) = (vec![0f64; N], vec![0f64; N]);
+    for g in grads {
+        for i in 0..N {
+            let g = g[i] as f64;
+            buf[i] = momentum * buf[i] + (1.0 - momentum) * g;
+            dir[i] = if nesterov { (1.0 - momentum) * g + momentum * buf[i] } else { buf[i] };
+        }
+    }
+    (dir, buf)
+}
+
+#[test]
+fn muon_writes_the_direction_of_its_fp32_momentum() {
+    for nesterov in [false, true] {
+        let config = OptimizerConfig::new(Optimizer::Muon).unwrap().state_kind(StateKind::Fp32).nesterov(nesterov);
+        let g = grads(0.2);
+        let (dir, opt) = run(config, &g, &lrs(0.01));
+        let (want_dir, want_buf) = muon_ref(0.95, nesterov, &g);
+        let scale = want_dir.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        let err = dir.iter().zip(&want_dir).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+        assert!(err <= 3e-6 * scale, "nesterov {nesterov}: the direction differs by {err:e} (scale {scale:e})");
+        // an average with a long memory (momentum 0.95): float32's coefficients alone err by about 1e-6 here
+        let buf = opt.states(0)[0].dequantize(Moment::First).unwrap();
+        let scale = want_buf.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        let err = buf.iter().zip(&want_buf).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+        assert!(err <= 3e-6 * scale, "nesterov {nesterov}: the momentum differs by {err:e} (scale {scale:e})");
     }
 }
