@@ -1030,9 +1030,9 @@ class LowBitMuon(_LowBit):
     with fp32 states the same params bit for bit. lbopt moves the momentum (one library call per param group and
     state kind) and writes each param's update direction in bfloat16, the dtype the Newton-Schulz iteration runs
     in; the iteration, the lr adjustment and the decoupled weight decay run in torch on the param's device. The
-    directions live while a step runs (2 bytes per param). A refused step writes nothing. 2-D params only; pair it with an lbopt
-    AdamW for the others (muon_param_groups). DTensor (sharded) params are refused: the iteration needs the
-    whole matrix. State: momentum_buffer."""
+    directions live while a step runs (2 bytes per param). A refused step writes nothing. 2-D params only; pair it
+    with an lbopt AdamW for the others (muon_param_groups). DTensor (sharded) params are refused: the iteration
+    needs the whole matrix. State: momentum_buffer."""
     __doc__ += _COMMON_DOC
     _optimizer = "muon"
     _step_supports_amp_scaling = False  # GradScaler unscales the grads: the direction is not the param's update
