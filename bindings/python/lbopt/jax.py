@@ -7,8 +7,8 @@
     updates, state = tx.update(grads, state, params)      # inside jax.jit: the lr is a device scalar
     params = optax.apply_updates(params, updates)
 
-adamw, adam, sgd, lion and ademamix take optax's arguments with optax's defaults (optax.contrib.ademamix for
-ademamix), then lbopt's own keyword-only ones (state_kind, min_quant_size). Their state is an OptimizerState of
+adamw, adam, sgd, lion, ademamix and muon take optax's arguments with optax's defaults (optax.contrib's for
+ademamix and muon), then lbopt's own keyword-only ones (state_kind, min_quant_size). Their state is an OptimizerState of
 plain arrays shaped like the params, so flax.nnx.Optimizer and flax's TrainState hold it as they hold optax's.
 A hyper-parameter given as a Python number is an attribute of the custom call (an exact double); one given as a
 jax array, a tracer (optax.inject_hyperparams) or a schedule is a scalar argument of the call, so changing it
@@ -35,7 +35,8 @@ import numpy as np
 from . import _abi
 from .functional import KINDS, config, state_layout
 
-__all__ = ["invoke", "adamw", "adam", "adamw_apply", "sgd", "lion", "ademamix", "OptimizerState"]
+__all__ = ["invoke", "adamw", "adam", "adamw_apply", "sgd", "lion", "ademamix", "muon", "scale_by_muon",
+           "OptimizerState"]
 
 TARGET = "lbopt_invoke"
 _FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -485,3 +486,147 @@ def ademamix(learning_rate, b1=0.9, b2=0.999, b3=0.9999, alpha=5.0, eps=1e-8, ep
                  **_rounding(who, state_stochastic_round))
     return _Transformation(who, "ademamix", learning_rate, hyper, ("m1", "m2", "nu"), state_kind=state_kind,
                            min_quant_size=min_quant_size, mask=mask).optax()
+
+
+# ---- Muon: the library steps the momentum, optax's own code orthogonalizes ---------------------------------------
+
+
+def _optax_muon():
+    """optax.contrib's Muon module: its Newton-Schulz iteration, shape scaling and presets are used as they are, so
+    that lbopt.jax.muon differs from optax.contrib.muon in where the momentum lives and in nothing else."""
+    try:
+        from optax.contrib import _muon
+        _muon.orthogonalize_via_newton_schulz, _muon.scale_by_shape, _muon._NS_COEFFS_PRESET_DICT  # noqa: B018
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"lbopt.jax.muon needs optax.contrib's Muon (optax >= 0.2.5): {e}") from None
+    return _muon
+
+
+class _MuonMomentum(_Transformation):
+    """optax.contrib.scale_by_muon with the momentum in lbopt states: the library moves the momentum and returns
+    it (its Nesterov form is optax's, with bias corrections, so it is composed here from the returned momentum and
+    the gradient), then optax's Newton-Schulz iteration orthogonalizes it."""
+
+    def __init__(self, who, beta, rounding, ns, *, state_kind, min_quant_size):
+        # the library checks an lr it does not read: any valid one
+        super().__init__(who, "muon", 1.0, dict(momentum=beta, nesterov=False, **rounding), ("momentum_buffer",),
+                         state_kind=state_kind, min_quant_size=min_quant_size)
+        self.beta, self.ns = beta, ns
+
+    def update(self, updates, state, params=None, **extra_args):
+        del params, extra_args  # the direction is the gradients' alone
+        ns = self.ns
+        zeros = jax.tree_util.tree_map(lambda g: jnp.zeros(g.shape, jnp.float32), updates)
+        mu, state = self.apply(zeros, updates, state)  # the momentum, before it was quantized
+        beta = jnp.asarray(_at(self.beta, state.count - 1), jnp.float32)
+        count = state.count.astype(jnp.int32)  # optax.contrib.scale_by_muon's bias corrections, in its order
+
+        def corrected(x, n):
+            return x / (1 - beta ** n).astype(x.dtype)
+
+        if ns["nesterov"]:
+            mu_hat = jax.tree_util.tree_map(lambda m, g: beta * corrected(m, count + 1) + (1 - beta) * corrected(g, count),
+                                            mu, updates)
+        else:
+            mu_hat = jax.tree_util.tree_map(lambda m: corrected(m, count), mu)
+        dims = ns["dims"](updates) if callable(ns["dims"]) else ns["dims"]
+        if dims is None:  # every param a matrix
+            dims = jax.tree_util.tree_map(lambda _: ns["module"].MuonDimensionNumbers(), mu_hat)
+
+        def orthogonalize(x, d):
+            return ns["module"].orthogonalize_via_newton_schulz(x, ns["coeffs"], ns["steps"], ns["preconditioning"],
+                                                                ns["eps"], d)
+
+        orth = jax.tree_util.tree_map(orthogonalize, mu_hat, dims)
+        if ns["adaptive"]:
+            orth = jax.tree_util.tree_map(lambda x, y: jnp.sum(x.conj() * y) * y, mu_hat, orth)
+        return orth, state
+
+
+def _ns_coefficients(module, ns_coeffs, ns_steps):
+    """optax's checks and selection of the Newton-Schulz coefficients (a preset name, one triple or one per step)."""
+    if isinstance(ns_coeffs, str):
+        if ns_coeffs not in module._NS_COEFFS_PRESET_DICT:
+            raise ValueError(f"Unknown ns_coeff preset string: {ns_coeffs}")
+        ns_coeffs = module._NS_COEFFS_PRESET_DICT[ns_coeffs]
+    coeffs = jnp.asarray(ns_coeffs)
+    if coeffs.ndim > 2 or coeffs.shape[-1] != 3:
+        raise ValueError(f"ns_coeffs must have shape (3,) or (n, 3), got {coeffs.shape}")
+    if coeffs.ndim == 2:
+        if not coeffs.shape[0] <= ns_steps:
+            raise ValueError(f"Not enough coeffs to perform {ns_steps} steps")
+        coeffs = coeffs[-ns_steps:]
+    return coeffs
+
+
+def scale_by_muon(ns_coeffs=(3.4445, -4.775, 2.0315), ns_steps=5, beta=0.95, eps=1e-8, mu_dtype=None, *,
+                  nesterov=True, adaptive=False, preconditioning="frobenius", weight_dimension_numbers=None,
+                  state_kind="4bit", min_quant_size=4096, state_stochastic_round=None):
+    """optax.contrib.scale_by_muon with the momentum in lbopt states: optax's arguments and defaults (mu_dtype None
+    or float32), then state_kind, min_quant_size and state_stochastic_round as adamw's. Its state is an
+    OptimizerState (codes and scales of 'momentum_buffer')."""
+    who = "lbopt.jax.scale_by_muon"
+    _float32_only(who, "mu_dtype", mu_dtype)
+    module = _optax_muon()
+    if preconditioning not in module._PRECONDITIONINGS:
+        raise ValueError(f"Unknown preconditioning {preconditioning}")
+    ns = dict(module=module, coeffs=_ns_coefficients(module, ns_coeffs, ns_steps), steps=ns_steps, eps=eps,
+              preconditioning=preconditioning, nesterov=nesterov, adaptive=adaptive, dims=weight_dimension_numbers)
+    return _MuonMomentum(who, beta, _rounding(who, state_stochastic_round), ns, state_kind=state_kind,
+                         min_quant_size=min_quant_size).optax()
+
+
+def muon(learning_rate, ns_coeffs=(3.4445, -4.775, 2.0315), ns_steps=5, beta=0.95, eps=1e-8, weight_decay=0.0,
+         weight_decay_mask=None, mu_dtype=None, *, nesterov=True, adaptive=False, preconditioning="frobenius",
+         adam_b1=0.9, adam_b2=0.999, adam_eps_root=0.0, adam_weight_decay=0.0, adam_learning_rate=None,
+         muon_weight_dimension_numbers=None, consistent_rms=None, state_kind="4bit", min_quant_size=4096,
+         state_stochastic_round=None):
+    """optax.contrib.muon with lbopt states: optax's arguments and defaults (mu_dtype None or float32,
+    adam_eps_root 0), then state_kind, min_quant_size and state_stochastic_round as adamw's, for both the Muon
+    momentum of the matrices and the AdamW states of the other params. As optax's: Muon (scale_by_muon above, then
+    optax's shape scaling, decoupled weight decay and lr) for 2-D params, or those muon_weight_dimension_numbers
+    names, and AdamW (lbopt.jax.adamw, with Nesterov momentum as optax's) for the rest."""
+    import optax
+
+    who = "lbopt.jax.muon"
+    _refuse_unless(who, "adam_eps_root", adam_eps_root, lambda e: float(e) == 0.0,
+                   "lbopt's kernels add eps outside the root")
+    module = _optax_muon()
+    dims = muon_weight_dimension_numbers
+    labels, dims_of = _muon_labels(module, module.MuonDimensionNumbers() if dims is None else dims, dims is None)
+    lbopt_args = dict(state_kind=state_kind, min_quant_size=min_quant_size,
+                      state_stochastic_round=state_stochastic_round)
+    matrices = optax.chain(
+        scale_by_muon(ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov=nesterov, adaptive=adaptive,
+                      preconditioning=preconditioning, weight_dimension_numbers=dims_of, **lbopt_args),
+        module.scale_by_shape(weight_dimension_numbers=dims_of, consistent_rms=consistent_rms),
+        optax.add_decayed_weights(weight_decay, weight_decay_mask),
+        optax.scale_by_learning_rate(learning_rate))
+    rest = adamw(learning_rate if adam_learning_rate is None else adam_learning_rate, adam_b1, adam_b2, eps,
+                 mu_dtype=mu_dtype, weight_decay=adam_weight_decay, nesterov=nesterov, **lbopt_args)
+    return optax.partition({"muon": matrices, "adam": rest}, labels)
+
+
+def _muon_labels(module, dims, by_rank):
+    """optax.contrib.muon's split: (the labels of a params tree, 'muon' or 'adam'; the dimension numbers of its
+    'muon' leaves, masked elsewhere). by_rank: 2-D params are the matrices; else those with dimension numbers."""
+    import optax
+
+    def is_dims(x):
+        return x is None or isinstance(x, (module.MuonDimensionNumbers, optax.MaskedNode))
+
+    def resolve(params):
+        return dims(params) if callable(dims) else dims
+
+    def labels(params):
+        if by_rank:
+            return jax.tree_util.tree_map(lambda x: "muon" if x.ndim == 2 else "adam", params)
+        return jax.tree_util.tree_map(lambda d, sub: jax.tree_util.tree_map(
+            lambda _: "adam" if d is None else "muon", sub), resolve(params), params, is_leaf=is_dims)
+
+    def dims_of(params):
+        mask = jax.tree_util.tree_map(lambda label: label == "muon", labels(params))
+        return jax.tree_util.tree_map(lambda d, sub: jax.tree_util.tree_map(
+            lambda m: d if m else optax.MaskedNode(), sub), resolve(params), mask, is_leaf=is_dims)
+
+    return labels, dims_of
