@@ -22,6 +22,9 @@ void step_blocks(const StepSlot& slot, const StepFlags& flags, int64_t block_beg
 // The SIMD kernels (step_simd.cpp) on the whole blocks they support, from block_begin on; returns the first
 // block they did not do, which the portable kernels then take.
 int64_t step_blocks_simd(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
+// The same for optimizer Opt's slots, on whole blocks (step_simd_optimizer.cpp, a unit per optimizer).
+template <class Opt>
+int64_t step_blocks_simd_of(const StepSlot& slot, const StepFlags& flags, int64_t block_begin, int64_t block_end);
 
 // The same for lbopt_quantize / lbopt_dequantize.
 int64_t quantize_blocks_simd(const StateCodec& codec, const float* src, StateRef dst, int64_t numel,

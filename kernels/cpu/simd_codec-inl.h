@@ -1,7 +1,7 @@
 // The SIMD kernels' codec: quant.h's Codec a vector at a time, for each state kind (state_kinds.h), bit-identical
 // to it. No map needs the generic search: 8-bit codes come from one table read on the float's top bits and one
 // compare (codebook8_arith.h), 4-bit ones from a fold of the signed map or the linear unsigned map, or thresholds
-// in x on AVX-512 (codebook4-inl.h). Included once per target by step_simd.cpp, after simd_values-inl.h.
+// in x on AVX-512 (codebook4-inl.h). Included once per target by the SIMD units, after simd_values-inl.h.
 #if defined(LBOPT_KERNELS_CPU_SIMD_CODEC_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef LBOPT_KERNELS_CPU_SIMD_CODEC_INL_H_
 #undef LBOPT_KERNELS_CPU_SIMD_CODEC_INL_H_

@@ -1,6 +1,6 @@
 // The SIMD kernels' choices per Highway target and per loop, one line of reason each; the measured effect of
 // every choice is in docs/benchmarks.md, "CPU loop choices", under the name given here in bold. Included once per
-// target by step_simd.cpp (a foreach_target source), after <hwy/highway.h> and outside any namespace.
+// target by the SIMD units (foreach_target sources), after <hwy/highway.h> and outside any namespace.
 #if defined(LBOPT_KERNELS_CPU_SIMD_POLICY_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef LBOPT_KERNELS_CPU_SIMD_POLICY_INL_H_
 #undef LBOPT_KERNELS_CPU_SIMD_POLICY_INL_H_

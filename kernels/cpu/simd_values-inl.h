@@ -1,6 +1,6 @@
 // The SIMD kernels' vector types and their element operations: param and grad loads and stores in every dtype
 // (with dtype_convert.h's rounding and random bits), optimizers.h's ScalarOps on vectors, and the per-block absmax.
-// Included once per target by step_simd.cpp, after simd_policy-inl.h, outside any namespace.
+// Included once per target by the SIMD units, after simd_policy-inl.h, outside any namespace.
 #if defined(LBOPT_KERNELS_CPU_SIMD_VALUES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef LBOPT_KERNELS_CPU_SIMD_VALUES_INL_H_
 #undef LBOPT_KERNELS_CPU_SIMD_VALUES_INL_H_

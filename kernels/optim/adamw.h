@@ -74,7 +74,7 @@ struct AdamW {
 // The update in two parts (Opt::kTwoPass): update_states moves the moments and returns the square root of the
 // second moment the update uses, update_param applies the update to p from it and the new m. update runs one after
 // the other, with the same operations in the same order; the SIMD kernels may run update_param in a later pass
-// over the block (step_simd.cpp). vmax only with AMSGrad; g: the gradient times grad_factor.
+// over the block (step_loops-inl.h). vmax only with AMSGrad; g: the gradient times grad_factor.
 template <class O>
 LBOPT_HD typename O::V update_states(const ::lbopt::AdamW::Scalars& s, typename O::V p, typename O::V g,
                                      typename O::V& m, typename O::V& v, typename O::V& vmax) {

@@ -54,7 +54,7 @@ struct Param {
 };
 
 // The bool fields of an optimizer's Scalars that its update branches on, as pointers to members: the SIMD step
-// (kernels/cpu/step_simd.cpp) runs a loop per combination of their values, each with no branch on them.
+// (kernels/cpu/step_loops-inl.h) runs a loop per combination of their values, each with no branch on them.
 template <auto... kFields>
 struct FlagList {};
 

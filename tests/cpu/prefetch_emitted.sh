@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The step's software prefetch is in the library: GCC deleted every prefetch loop of kernels/cpu/step_simd.cpp
+# The step's software prefetch is in the library: GCC deleted every prefetch loop of kernels/cpu/step_loops-inl.h
 # unnoticed once (see StepLoop::prefetch there). Each x86 target's 4-bit AdamW kernel for fp32
 # params (the shaped loops, Shape<0, 2, ...>) must hold prefetch instructions. x86-64 with objdump only; exit 77
 # elsewhere.
