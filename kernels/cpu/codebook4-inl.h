@@ -118,8 +118,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 struct Table16 {
   static constexpr int kPad = HWY_MAX_BYTES / 4 > 16 ? HWY_MAX_BYTES / 4 : 16;
   HWY_ALIGN float t[kPad];
-  void fill(const float* src) {
-    for (int c = 0; c < kPad; ++c) t[c] = src[c < 15 ? c : 15];
+  // t[c] = src[c + shift], the last entry repeated past the end
+  void fill(const float* src, int shift = 0) {
+    for (int c = 0; c < kPad; ++c) t[c] = src[c + shift < 15 ? c + shift : 15];
   }
 };
 

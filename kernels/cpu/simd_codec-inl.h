@@ -39,12 +39,16 @@ template <class K>
 struct SimdCodec {
   Codec<K> c{};
   Table16 values;  // 4-bit: the codebook
+  Table16 next;    // 4-bit: the value of the code one up (Gaps4)
 
   SimdCodec() = default;
   explicit SimdCodec(const Codec<K>& codec) { init(codec); }
   void init(const Codec<K>& codec) {
     c = codec;
-    if constexpr (K::entries == 16) values.fill(c.values);
+    if constexpr (K::entries == 16) {
+      values.fill(c.values);
+      next.fill(c.values, 1);
+    }
   }
 };
 
@@ -259,10 +263,19 @@ HWY_INLINE VI round_stochastic_vec(const SimdCodec<K>& sc, VI c, VF x, VF scale,
 // takes, so the tables give its bits.
 struct Gaps4 {
   Table16 scaled, up;
+  // a vector at a time: the next code's value is its own product, so the gap is scaled.t[c + 1] - scaled.t[c]
   template <class K>
   HWY_INLINE void init(const SimdCodec<K>& sc, float scale) {
-    scale_table(sc, scale, scaled);
-    for (int c = 0; c < 16; ++c) up.t[c] = c < 15 ? scaled.t[c + 1] - scaled.t[c] : HUGE_VALF;
+    const DF df;
+    const DI di;
+    const auto s = hn::Set(df, scale);
+    for (int c = 0; c < Table16::kPad; c += int(hn::Lanes(df))) {
+      const auto v = hn::Mul(hn::Load(df, sc.values.t + c), s);
+      const auto gap = hn::Sub(hn::Mul(hn::Load(df, sc.next.t + c), s), v);
+      const auto top = hn::RebindMask(df, hn::Gt(hn::Iota(di, c), hn::Set(di, 14)));  // code 15 and past it
+      hn::Store(v, df, scaled.t + c);
+      hn::Store(hn::IfThenElse(top, hn::Set(df, HUGE_VALF), gap), df, up.t + c);
+    }
   }
 };
 
