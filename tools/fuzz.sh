@@ -69,7 +69,7 @@ if [ ! -f "$dir/meson-private/coredata.dat" ]; then
   rm -rf "$dir/obj" "$dir/fuzz_abi"  # left by the former hand-written build of this script
   mkdir -p "$dir"
   if ! CC="$cc" CXX="$cxx" meson setup "$dir" -Dfuzz=true -Dfuzz_coverage=$([ $coverage = 1 ] && echo true ||
-      echo false) -Dtests=false -Dcuda=disabled -Djax=disabled -Dbuildtype=custom -Doptimization=1 -Ddebug=true \
+      echo false) -Dtests=false -Dcuda=disabled -Djax=disabled -Dlibtorch=disabled -Dbuildtype=custom -Doptimization=1 -Ddebug=true \
       >"$tmp/setup.log" 2>&1; then
     cat "$tmp/setup.log" >&2
     echo "fuzz.sh: meson setup $dir failed" >&2

@@ -15,7 +15,7 @@ status=$?
 # The CPU suites again under AddressSanitizer + UndefinedBehaviorSanitizer (a CPU-only build of their own)
 asan=build-asan
 if [ ! -d "$asan" ]; then
-  meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled >/dev/null || exit 1
+  meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dlibtorch=disabled >/dev/null || exit 1
 fi
 ninja -C "$asan" tests/unit_tests tests/cpu_tests || exit 1
 meson test -C "$asan" --setup asan --no-rebuild --print-errorlogs --suite unit --suite cpu || status=1

@@ -1,10 +1,15 @@
 """The registry's operators in PyTorch's dispatcher (lbopt.torch_ops): generated schemas, torch.library.opcheck on
 every op, results equal to the typed step, and a torch.compile'd step whose lr changes on every call compiled
 once."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 import torch
 
-import lbopt
 import lbopt.functional as F
 import lbopt.torch_ops as T
 from lbopt import _abi
@@ -137,15 +142,17 @@ def test_bad_inputs_name_the_argument_and_write_nothing():
     before = [a.clone() if a is not None else None for a in args]
     bad = list(args)
     bad[1] = bad[1].double()
-    with pytest.raises(lbopt.LbOptTypeError, match=r"slots\[0\]\.grad: dtype float64"):
+    # TypeError and ValueError: lbopt.LbOptTypeError / LbOptValueError from Python's registration, torch's own
+    # from the libtorch plugin's
+    with pytest.raises(TypeError, match=r"slots\[0\]\.grad: dtype float64"):
         T.OPS["adamw_step_capturable_4bit"](*bad)
     bad = list(args)
     bad[2] = bad[2][:-1]
-    with pytest.raises(lbopt.LbOptValueError, match=r"slots\[0\]\.m\.codes: has 2066 elements"):
+    with pytest.raises(ValueError, match=r"slots\[0\]\.m\.codes: has 2066 elements"):
         T.OPS["adamw_step_capturable_4bit"](*bad)
     bad = list(args)
     bad[8] = torch.tensor([1e-3, 2e-3])
-    with pytest.raises(lbopt.LbOptValueError, match=r"lr: has 2 elements, expected 1"):
+    with pytest.raises(ValueError, match=r"lr: has 2 elements, expected 1"):
         T.OPS["adamw_step_capturable_4bit"](*bad)
     for a, b in zip(args, before):
         assert a is None or torch.equal(a, b)
@@ -172,3 +179,57 @@ def test_jax_refuses_a_grad_of_another_dtype_naming_it():
             jnp.float32(1e-3), jnp.float32(1), None]
     with pytest.raises(Exception, match=r"slots\[0\]\.grad: dtype int32 is not supported"):
         LJ.invoke("lbopt.adamw_step_capturable.4bit", args)[0].block_until_ready()
+
+
+# ---- the libtorch plugin -------------------------------------------------------------------------------------
+
+PLUGIN_CHECK = """
+import hashlib, json, torch
+import lbopt.torch_ops as T
+from lbopt import _abi
+ops = {name: str(op.default._schema) for name, op in T.OPS.items()}
+g = torch.Generator().manual_seed(3)
+p, grad = torch.randn(4133, generator=g), torch.randn(4133, generator=g)
+lay = __import__("lbopt.functional").functional.state_layout("4bit", 4133)
+st = [torch.zeros(lay["codes_numel"], dtype=torch.uint8), torch.zeros(lay["scales_numel"])] * 2
+st = [t.clone() for t in st]
+for step in (1, 2):
+    T.OPS["adamw_step_4bit"](p, grad, *st, None, None, None, lr=1e-2, step=step, weight_decay=0.1)
+digest = [hashlib.sha256(t.numpy().tobytes()).hexdigest() for t in [p, *st]]
+print(json.dumps({"plugin": T.PLUGIN, "schemas": ops, "digest": digest}))
+"""
+
+
+def python_env(**extra):
+    """This process's environment, the lbopt package it imports first on the path, and extra variables."""
+    env = {**os.environ, **extra}
+    package = str(pathlib.Path(F.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([package] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def run_registration(**extra):
+    out = subprocess.run([sys.executable, "-c", PLUGIN_CHECK], env=python_env(**extra), capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_the_plugin_and_the_python_registration_are_the_same_ops():
+    """Where the libtorch plugin is built, lbopt.torch_ops registers the ops through it (the rest of this file then
+    tests the plugin's ops); its schemas and results equal the Python registration's."""
+    if T.PLUGIN is None:
+        pytest.skip("lbopt was built without the libtorch plugin")
+    plugin, python = run_registration(), run_registration(LBOPT_TORCH_PLUGIN="none")
+    assert plugin["plugin"] == T.PLUGIN and python["plugin"] is None
+    assert plugin["schemas"] == python["schemas"] and len(plugin["schemas"]) == _abi.lib.lbopt_op_count()
+    assert plugin["digest"] == python["digest"]
+
+
+def test_a_plugin_that_cannot_load_falls_back_to_python_with_a_warning(tmp_path):
+    broken = tmp_path / "liblbopt_torch.so"
+    broken.write_bytes(b"not a shared library")
+    script = "import lbopt.torch_ops as T; print(T.PLUGIN, len(T.OPS))"
+    out = subprocess.run([sys.executable, "-W", "always", "-c", script],
+                         env=python_env(LBOPT_TORCH_PLUGIN=str(broken)), capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", str(_abi.lib.lbopt_op_count())]
+    assert "did not load" in out.stderr and "registering the ops from Python" in out.stderr

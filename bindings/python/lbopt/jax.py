@@ -525,8 +525,8 @@ class _MuonMomentum(_Transformation):
             return x / (1 - beta ** n).astype(x.dtype)
 
         if ns["nesterov"]:
-            mu_hat = jax.tree_util.tree_map(lambda m, g: beta * corrected(m, count + 1) + (1 - beta) * corrected(g, count),
-                                            mu, updates)
+            mu_hat = jax.tree_util.tree_map(
+                lambda m, g: beta * corrected(m, count + 1) + (1 - beta) * corrected(g, count), mu, updates)
         else:
             mu_hat = jax.tree_util.tree_map(lambda m: corrected(m, count), mu)
         dims = ns["dims"](updates) if callable(ns["dims"]) else ns["dims"]

@@ -13,8 +13,17 @@ writes its outputs in place. CPU and CUDA kernels call lbopt_op_invoke on DLPack
 validate exactly like the C entry points); fake kernels do nothing, so FakeTensor tracing and torch.compile see
 the ops as opaque mutations. The tensor-lr steps (adamw_, sgd_, lion_ and ademamix_step_capturable_*) take lr
 and step as scalar tensors: a compiled program that calls them keeps one form whatever the schedule.
+
+Where lbopt was built with the libtorch plugin (liblbopt_torch.so next to the C library, or at
+$LBOPT_TORCH_PLUGIN), the ops are that plugin's instead, registered in C++ with the same schemas, CPU and CUDA
+kernels and Meta kernels for tracing, so TorchScript and C++ code see them too; refusals raise TypeError, ValueError
+or RuntimeError with the library's message. Either registration, never both: LBOPT_TORCH_PLUGIN=none keeps the
+Python one, and a plugin that cannot load (built against another torch) falls back to it with a warning.
 """
 import ctypes
+import os
+import pathlib
+import warnings
 
 import torch
 
@@ -104,4 +113,29 @@ def _register():
     return lib, ops
 
 
-_LIBRARY, OPS = _register()  # the Library must live as long as the ops
+def _plugin_path():
+    """The libtorch plugin to load: $LBOPT_TORCH_PLUGIN ('none': no plugin), else the one next to the C library."""
+    env = os.environ.get("LBOPT_TORCH_PLUGIN")
+    if env:
+        return None if env == "none" else env
+    path = pathlib.Path(getattr(_abi.lib, "_name", "")).resolve().parent / "liblbopt_torch.so"
+    return str(path) if path.exists() else None
+
+
+def _plugin_ops(path):
+    """The plugin's ops, or None where it cannot load here (warned: the Python registration takes its place)."""
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:
+        warnings.warn(f"lbopt.torch_ops: the libtorch plugin {path} did not load ({e}); registering the ops from "
+                      f"Python instead", RuntimeWarning, stacklevel=3)
+        return None
+    names = (torch_name(_abi.lib.lbopt_op_schema(i).contents.name.decode()) for i in range(_abi.lib.lbopt_op_count()))
+    return {name: getattr(torch.ops.lbopt, name) for name in names}
+
+
+PLUGIN = _plugin_path()
+OPS = _plugin_ops(PLUGIN) if PLUGIN else None
+if OPS is None:
+    PLUGIN = None
+    _LIBRARY, OPS = _register()  # the Library must live as long as the ops
