@@ -102,8 +102,6 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <stdlib.h>
 
-#include <algorithm>
-
 namespace lbopt::cpu {
 
 HWY_EXPORT(QuantizeFullBlocks);
@@ -132,8 +130,9 @@ bool simd_enabled() {
 }  // namespace
 
 // Each optimizer's step_blocks_simd_of, by its id.
+using StepBlocksFn = int64_t (*)(const StepSlot&, const StepFlags&, int64_t, int64_t);
 template <class... Opts>
-constexpr std::array<decltype(&step_blocks_simd_of<AdamW>), sizeof...(Opts)> step_table(TypeList<Opts...>) {
+constexpr std::array<StepBlocksFn, sizeof...(Opts)> step_table(TypeList<Opts...>) {
   return {&step_blocks_simd_of<Opts>...};
 }
 

@@ -140,3 +140,19 @@ def test_inject_hyperparams_traces_it():
     _, _, got = train(optax.inject_hyperparams(LJ.muon)(1e-2, state_kind="8bit", min_quant_size=0), p0, 3)
     _, _, want = train(LJ.muon(1e-2, state_kind="8bit", min_quant_size=0), p0, 3)
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_flax_nnx_optimizer_holds_it():
+    nnx = pytest.importorskip("flax.nnx")
+    model = nnx.Linear(64, 8, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, LJ.muon(5e-2, state_kind="8bit", min_quant_size=256), wrt=nnx.Param)
+    x = jnp.ones((4, 64))
+
+    @nnx.jit
+    def step(model, opt):
+        value, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+        opt.update(model, grads)
+        return value
+
+    losses = [float(step(model, opt)) for _ in range(4)]
+    assert losses[-1] < 0.5 * losses[0]

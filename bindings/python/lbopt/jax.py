@@ -8,8 +8,9 @@
     params = optax.apply_updates(params, updates)
 
 adamw, adam, sgd, lion, ademamix and muon take optax's arguments with optax's defaults (optax.contrib's for
-ademamix and muon), then lbopt's own keyword-only ones (state_kind, min_quant_size). Their state is an OptimizerState of
-plain arrays shaped like the params, so flax.nnx.Optimizer and flax's TrainState hold it as they hold optax's.
+ademamix and muon), then lbopt's own keyword-only ones (state_kind, min_quant_size). Their state is an
+OptimizerState of plain arrays shaped like the params (muon's: optax's partition of two), so flax.nnx.Optimizer and
+flax's TrainState hold it as they hold optax's.
 A hyper-parameter given as a Python number is an attribute of the custom call (an exact double); one given as a
 jax array, a tracer (optax.inject_hyperparams) or a schedule is a scalar argument of the call, so changing it
 never recompiles. lbopt.jax.adamw_apply(...) returns the fused form, new params themselves (bit-identical to
@@ -498,7 +499,7 @@ def _optax_muon():
         from optax.contrib import _muon
         _muon.orthogonalize_via_newton_schulz, _muon.scale_by_shape, _muon._NS_COEFFS_PRESET_DICT  # noqa: B018
     except (ImportError, AttributeError) as e:
-        raise ImportError(f"lbopt.jax.muon needs optax.contrib's Muon (optax >= 0.2.5): {e}") from None
+        raise ImportError(f"lbopt.jax.muon needs optax.contrib's Muon module (optax.contrib._muon): {e}") from None
     return _muon
 
 
