@@ -281,6 +281,11 @@ def dcp_load(rank, world, kinds, path, steps, more):
     return out
 
 
+def dcp_load_plain(rank, world, *args):
+    """dcp_load into a plain model, in a rank of its own (one process: MKL's environment is read at its start)."""
+    return dcp_load(rank, None, *args)
+
+
 def fsdp_offload(rank, world, kind, steps):
     """FSDP2's shards stepped by CPUOffload and by the same optimizer on the shards: the same params, the same
     state dict (DTensor states of the same placements), and a checkpoint of one that resumes in the other."""
