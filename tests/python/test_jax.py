@@ -171,17 +171,17 @@ def small_batch(i):
     return x, jnp.sin(x[:, :3] * 2)
 
 
-def train(tx, params, steps):
-    """params after `steps` jitted optax steps of tx, and the losses seen."""
+def train(tx, params, steps, loss_fn=small_loss, batch_fn=small_batch):
+    """params after `steps` jitted optax steps of tx on loss_fn(params, *batch_fn(i)), and the losses seen."""
     @jax.jit
     def step(params, state, x, y):
-        loss, grads = jax.value_and_grad(small_loss)(params, x, y)
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
     state, losses = tx.init(params), []
     for i in range(steps):
-        params, state, loss = step(params, state, *small_batch(i))
+        params, state, loss = step(params, state, *batch_fn(i))
         losses.append(float(loss))
     return params, state, losses
 

@@ -14,6 +14,7 @@ if not hasattr(contrib, "muon"):
 import jax.numpy as jnp  # noqa: E402
 
 LJ = pytest.importorskip("lbopt.jax", reason="lbopt was built without the JAX FFI handler")
+from test_jax import train as train_on  # noqa: E402
 
 
 def params(seed=0, dtype=jnp.float32):
@@ -36,17 +37,7 @@ def batch(i):
 
 
 def train(tx, p, steps):
-    @jax.jit
-    def step(p, state, x, y):
-        value, grads = jax.value_and_grad(loss)(p, x, y)
-        updates, state = tx.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, value
-
-    state, losses = tx.init(p), []
-    for i in range(steps):
-        p, state, value = step(p, state, *batch(i))
-        losses.append(float(value))
-    return p, state, losses
+    return train_on(tx, p, steps, loss, batch)
 
 
 def test_signature_and_defaults_are_optax_s_then_lbopt_s_keyword_only():
