@@ -335,6 +335,15 @@ typedef struct lbopt_field_info {
 LBOPT_API lbopt_status lbopt_optimizer_fields(lbopt_optimizer optimizer, const lbopt_field_info** fields,
                                               size_t* n_fields);
 
+/* Set one field or flag of *config by the name lbopt_optimizer_fields gives it, or one of the flags every
+ * optimizer reads ("maximize", "bf16_stochastic_round", "skip_nonfinite", "state_stochastic_round",
+ * "state_nearest_round"): a field takes value, a flag is set by 1 and cleared by 0. A framework binding that knows
+ * its options by name (from lbopt_optimizer_fields) builds a config with it and never names the struct's members.
+ * Refused, writing nothing: a name config->optimizer does not read (LBOPT_ERR_INVALID_VALUE, the message lists
+ * those it reads), a value outside the field's range or a flag value other than 0 or 1. Rules across fields are
+ * lbopt_optimizer_config_validate's, since they hold only once every field is set. Since 0.4. */
+LBOPT_API lbopt_status lbopt_optimizer_config_set(lbopt_optimizer_config* config, const char* name, double value);
+
 /* One parameter tensor and its states, as lbopt_adamw_slot: states[0 .. n) are the optimizer's (n from
  * lbopt_optimizer_states), the rest {NULL, NULL}. */
 typedef struct lbopt_slot {

@@ -176,6 +176,16 @@ lbopt_status lbopt_optimizer_config_validate(const lbopt_optimizer_config* confi
   return guarded([&] { return validate_config(config, lr); });
 }
 
+lbopt_status lbopt_optimizer_config_set(lbopt_optimizer_config* config, const char* name, double value) {
+  return guarded([&] {
+    const ConfigField* f = nullptr;
+    LBOPT_TRY(validate_config_set(config, name, value, &f));
+    if (f->value) config->*(f->value) = value;
+    else config->flags = value != 0.0 ? config->flags | f->flag : config->flags & ~f->flag;
+    return LBOPT_OK;
+  });
+}
+
 const char* lbopt_optimizer_name(lbopt_optimizer optimizer) {
   if (int(optimizer) < 0 || int(optimizer) >= kNumOptimizers) return nullptr;
   return with_optimizer(int(optimizer), [](auto opt) { return decltype(opt)::kName; });

@@ -356,6 +356,36 @@ lbopt_status check_config(const lbopt_optimizer_config* c) {
   return with_optimizer(int(c->optimizer), [c](auto opt) { return check_optimizer_fields<decltype(opt)>(*c); });
 }
 
+// Appends ", word" (or the first word) to a message's list of names.
+void append(char* list, size_t size, const char* word) {
+  const size_t n = strlen(list);
+  snprintf(list + n, size - n, "%s%s", n ? ", " : "", word);
+}
+
+// lbopt_optimizer_config_set: `name` one of the fields or flags that optimizer Opt reads, and `value` in that
+// field's range (a flag: 0 or 1). Rules across fields stay check_config's: they hold only once all are set.
+template <class Opt>
+lbopt_status check_config_set(const char* name, double value, const ConfigField** field) {
+  for (const Param& p : Opt::kParams)
+    if (same(p.name, name)) return *field = config_field(name), check_range(value, p);
+  bool flag = false;
+  for (const char* f : kCommonFlagNames) flag |= same(f, name);
+  for (const char* f : Opt::kFlagNames) flag |= f && same(f, name);
+  if (!flag) {
+    char known[256] = "";
+    for (const Param& p : Opt::kParams) append(known, sizeof known, p.name);
+    for (const char* f : Opt::kFlagNames)
+      if (f) append(known, sizeof known, f);
+    for (const char* f : kCommonFlagNames) append(known, sizeof known, f);
+    return fail(LBOPT_ERR_INVALID_VALUE, "name = \"%s\" is not a field or flag that %s reads (%s)", name, Opt::kName,
+                known);
+  }
+  if (value != 0.0 && value != 1.0)
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.%s = %g: a flag is set by 1 and cleared by 0", name, value);
+  *field = config_field(name);
+  return LBOPT_OK;
+}
+
 lbopt_status check_scalar(CallChecker& ck, const DLTensor* t, const char* name, const float** out) {
   if (!t) return LBOPT_OK;
   CallChecker::View v;
@@ -485,6 +515,19 @@ lbopt_status validate_kind(lbopt_state_kind kind, const char* name) {
 lbopt_status validate_config(const lbopt_optimizer_config* config, double lr) {
   LBOPT_TRY(check_config(config));
   return check_lr(lr);
+}
+
+lbopt_status validate_config_set(const lbopt_optimizer_config* c, const char* name, double value,
+                                 const ConfigField** field) {
+  if (!c) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+  if (!name) return fail(LBOPT_ERR_NULL_POINTER, "name: pointer is NULL");
+  if (c->struct_size != sizeof(lbopt_optimizer_config))
+    return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use "
+                "lbopt_optimizer_config_init)", c->struct_size, sizeof(lbopt_optimizer_config));
+  if (!lbopt_optimizer_name(c->optimizer))
+    return fail(LBOPT_ERR_INVALID_VALUE, "config.optimizer = %d is not an lbopt_optimizer", int(c->optimizer));
+  return with_optimizer(int(c->optimizer),
+                        [&](auto opt) { return check_config_set<decltype(opt)>(name, value, field); });
 }
 
 lbopt_status validate_step(const lbopt_optimizer_config* config, double lr, bool capturable,

@@ -44,6 +44,11 @@ void derive_scalars(StepPlan* plan);
 // The config and a by-value lr, checked as lbopt_step checks them.
 lbopt_status validate_config(const lbopt_optimizer_config* config, double lr);
 
+// lbopt_optimizer_config_set's checks; *field: the field or flag to set.
+struct ConfigField;
+lbopt_status validate_config_set(const lbopt_optimizer_config* config, const char* name, double value,
+                                 const ConfigField** field);
+
 // The hyper-parameters of a config that validate_config accepted.
 Hyper hyper_of(const lbopt_optimizer_config& config);
 

@@ -1507,6 +1507,73 @@ lbopt_status validate_with(lbopt_optimizer optimizer, const std::string& name, d
 }  // namespace
 
 TEST_SUITE("optimizers") {
+  TEST_CASE("lbopt_optimizer_config_set: every listed field and flag by name, and nothing else") {
+    for (const WantFields& w : kWantFields) {
+      CAPTURE(lbopt_optimizer_name(w.optimizer));
+      const lbopt_field_info* fields = nullptr;
+      size_t n = 0;
+      REQUIRE(lbopt_optimizer_fields(w.optimizer, &fields, &n) == LBOPT_OK);
+      lbopt_optimizer_config c;
+      REQUIRE(lbopt_optimizer_config_init(&c, sizeof c, w.optimizer) == LBOPT_OK);
+      for (size_t i = 0; i < n; ++i) {
+        const lbopt_field_info& f = fields[i];
+        CAPTURE(f.name);
+        lbopt_optimizer_config want = c;
+        if (f.type == LBOPT_ATTR_BOOL) {
+          want.flags |= f.flag;
+          REQUIRE(lbopt_optimizer_config_set(&c, f.name, 1.0) == LBOPT_OK);
+          CHECK(memcmp(&c, &want, sizeof c) == 0);
+          want.flags &= ~f.flag;
+          REQUIRE(lbopt_optimizer_config_set(&c, f.name, 0.0) == LBOPT_OK);
+          CHECK(memcmp(&c, &want, sizeof c) == 0);
+          CHECK(lbopt_optimizer_config_set(&c, f.name, 0.5) == LBOPT_ERR_INVALID_VALUE);
+          continue;
+        }
+        const double x = isinf(f.max) ? 3.25 : 0.25;  // in range, not the default
+        *config_double(want, f.name) = x;
+        REQUIRE(lbopt_optimizer_config_set(&c, f.name, x) == LBOPT_OK);
+        CHECK(memcmp(&c, &want, sizeof c) == 0);
+        // out of range: the message validation gives, and nothing written
+        CHECK(lbopt_optimizer_config_set(&c, f.name, nextafter(f.min, -kInf)) == LBOPT_ERR_INVALID_VALUE);
+        CHECK(std::string(lbopt_last_error()).find(std::string("config.") + f.name + " = ") == 0);
+        CHECK(lbopt_optimizer_config_set(&c, f.name, kNaN) == LBOPT_ERR_INVALID_VALUE);
+        CHECK(memcmp(&c, &want, sizeof c) == 0);
+      }
+      for (const char* common : {"maximize", "bf16_stochastic_round", "skip_nonfinite", "state_stochastic_round",
+                                 "state_nearest_round"}) {
+        CAPTURE(common);
+        CHECK(lbopt_optimizer_config_set(&c, common, 1.0) == LBOPT_OK);
+        CHECK(lbopt_optimizer_config_set(&c, common, 0.0) == LBOPT_OK);
+      }
+      CHECK(c.flags == 0u);
+      // a name another optimizer reads, and names of nothing: refused, naming what this one reads
+      const lbopt_optimizer_config before = c;
+      for (const char* name : {"dampening", "beta3", "lr", "seed", "", "weight_decay "}) {
+        CAPTURE(name);
+        const bool reads = [&] {
+          for (size_t i = 0; i < n; ++i)
+            if (std::string(fields[i].name) == name) return true;
+          return false;
+        }();
+        if (reads) continue;
+        CHECK(lbopt_optimizer_config_set(&c, name, 0.0) == LBOPT_ERR_INVALID_VALUE);
+        CHECK(std::string(lbopt_last_error()).find(std::string("reads (") + (n ? fields[0].name : "maximize")) !=
+              std::string::npos);
+      }
+      CHECK(memcmp(&c, &before, sizeof c) == 0);
+    }
+    lbopt_optimizer_config c;
+    REQUIRE(lbopt_optimizer_config_init(&c, sizeof c, LBOPT_OPTIMIZER_SGD) == LBOPT_OK);
+    CHECK(lbopt_optimizer_config_set(nullptr, "momentum", 0.5) == LBOPT_ERR_NULL_POINTER);
+    CHECK(lbopt_optimizer_config_set(&c, nullptr, 0.5) == LBOPT_ERR_NULL_POINTER);
+    c.struct_size -= 8;
+    CHECK(lbopt_optimizer_config_set(&c, "momentum", 0.5) == LBOPT_ERR_STRUCT_SIZE);
+    c.struct_size += 8;
+    c.optimizer = lbopt_optimizer(9);
+    CHECK(lbopt_optimizer_config_set(&c, "momentum", 0.5) == LBOPT_ERR_INVALID_VALUE);
+    CHECK(c.momentum == 0.9);
+  }
+
   TEST_CASE("lbopt_optimizer_fields: each optimizer's fields, as config_init sets and validation checks them") {
     for (const WantFields& w : kWantFields) {
       CAPTURE(lbopt_optimizer_name(w.optimizer));

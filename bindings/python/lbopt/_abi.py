@@ -266,6 +266,7 @@ def _load():
         "lbopt_optimizer_config_validate": (st, [P(OptimizerConfig), ctypes.c_double]),
         "lbopt_optimizer_states": (st, [P(OptimizerConfig), P(StateInfo), P(ctypes.c_size_t)]),
         "lbopt_optimizer_fields": (st, [ctypes.c_int, P(P(FieldInfo)), P(ctypes.c_size_t)]),
+        "lbopt_optimizer_config_set": (st, [P(OptimizerConfig), ctypes.c_char_p, ctypes.c_double]),
         "lbopt_step": (st, [P(OptimizerConfig), ctypes.c_double, P(Slot), ctypes.c_size_t, P(StepOptions)]),
         "lbopt_step_validate": (st, [P(OptimizerConfig), ctypes.c_double, P(Slot), ctypes.c_size_t,
                                      P(StepOptions)]),

@@ -258,6 +258,11 @@ extern "C" {
         fields: *mut *const lbopt_field_info,
         n_fields: *mut usize,
     ) -> lbopt_status;
+    pub fn lbopt_optimizer_config_set(
+        config: *mut lbopt_optimizer_config,
+        name: *const c_char,
+        value: f64,
+    ) -> lbopt_status;
     pub fn lbopt_step(
         config: *const lbopt_optimizer_config,
         lr: f64,
