@@ -59,8 +59,13 @@ struct Codec {
   // 2^24), so that the decoded value is x on average. A state that moves by less than half a code step per step
   // keeps its nearest code forever; rounded so, it drifts as its float would. In x, not in x / scale: no
   // division, and the values are decode's. Every operation rounds once and none can be fused: the same code on
-  // every backend. An exact value, or one past the end of the map, keeps its code.
+  // every backend. An exact value, or one past the end of the map, keeps its code. A kind that rounds in y
+  // (K::stochastic_in_y, FP8) takes its own unbiased rule on y = x / scale instead, the nearest code unused.
   LBOPT_HD uint32_t round_stochastic(uint32_t code, float x, float scale, uint32_t r) const {
+    if constexpr (K::stochastic_in_y) {
+      static_assert(!K::reciprocal, "y = x / scale, as encode_input takes it");
+      return K::encode_value_stochastic(x / scale, r);
+    }
     const float v = decode(code, scale);
     if (x == v) return code;
     const bool up = x > v;

@@ -37,6 +37,21 @@ LBOPT_HD uint8_t fp8_e4m3_encode(float x) {
   return uint8_t(sign | (code > 0x7eu ? 0x7eu : code));
 }
 
+// fp8_e4m3_encode rounded stochastically, unbiased, for finite y: the magnitude takes the code below it or the one
+// above, above when R + f >= 2^20, with R the top 20 bits of the random bits r and f the 20 bits that the code
+// drops of the magnitude's place between the two (so with probability f / 2^20, the fraction of the step it lies
+// above the code below). In the normal range f is the float's low 20 mantissa bits and the carry of the integer
+// add is the rounding; below 2^-6, a * 512 + 8 puts a's place in steps of 2^-9 on the same 20 bits (rounded to
+// nearest there, 2^-21 of a step). Exact values (f = 0) keep their code; 448 and past it stay 0x7e.
+LBOPT_HD uint8_t fp8_e4m3_encode_stochastic(float y, uint32_t r) {
+  const uint8_t sign = uint8_t((float_bits(y) >> 24) & 0x80u);
+  float a = fabsf(y);
+  if (!(a < 448.0f)) a = 448.0f;
+  const uint32_t random = r >> 12;
+  if (a < 0.015625f) return uint8_t(sign | ((float_bits(a * 512.0f + 8.0f) - 0x41000000u + random) >> 20));
+  return uint8_t(sign | (((float_bits(a) + random) >> 20) - (120u << 3)));
+}
+
 LBOPT_HD float fp8_e4m3_decode(uint8_t c) {
   const uint32_t exp = (c >> 3) & 0xfu;
   const uint32_t mant = c & 7u;
@@ -59,6 +74,9 @@ struct KindDefaults {
   static constexpr bool zero_code = false;    // a second moment's map has a code for 0 (which a v > 0 must not take)
   // The first-moment codes round stochastically by default where the optimizer asks for it (kStochasticStates)
   static constexpr bool stochastic_codes = false;
+  // The kind rounds stochastically in y itself (encode_value_stochastic), not between the nearest code's
+  // neighbours' values in x (Codec::round_stochastic)
+  static constexpr bool stochastic_in_y = false;
 };
 
 // A kind whose codes index codebooks of kEntries values (the nearest value, by codebook_encode's search).
@@ -108,7 +126,9 @@ struct KindFp8 : KindDefaults {
   static constexpr float range = 448.0f;      // e4m3's largest finite value
   static constexpr bool zero_code = true;
   static constexpr bool stochastic_codes = true;
+  static constexpr bool stochastic_in_y = true;
   LBOPT_HD static uint32_t encode_value(float y, const float*) { return fp8_e4m3_encode(y); }
+  LBOPT_HD static uint32_t encode_value_stochastic(float y, uint32_t r) { return fp8_e4m3_encode_stochastic(y, r); }
   LBOPT_HD static float decode_value(uint32_t code, const float*) { return fp8_e4m3_decode(uint8_t(code)); }
   // The next code in value order, up or down (sign and magnitude: up is away from 0 for a positive code); code
   // itself at +-448. Never asked to cross 0: a code's sign is its value's.

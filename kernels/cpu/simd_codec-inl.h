@@ -164,6 +164,21 @@ HWY_INLINE VU fp8_encode(VF y) {
   return hn::Or(sign, hn::IfThenElse(is_sub, sub, hn::Min(normal, hn::Set(du, 0x7eu))));
 }
 
+// quant.h's fp8_e4m3_encode_stochastic for finite y with random bits r.
+HWY_INLINE VU fp8_encode_stochastic(VF y, VU r) {
+  const DF df;
+  const DU du;
+  const auto sign = hn::And(hn::ShiftRight<24>(hn::BitCast(du, y)), hn::Set(du, 0x80u));
+  const auto a = hn::Min(hn::Abs(y), hn::Set(df, 448.0f));
+  const auto random = hn::ShiftRight<12>(r);
+  const auto fixed = hn::Sub(hn::BitCast(du, hn::MulAdd(a, hn::Set(df, 512.0f), hn::Set(df, 8.0f))),
+                             hn::Set(du, 0x41000000u));
+  const auto sub = hn::ShiftRight<20>(hn::Add(fixed, random));
+  const auto normal = hn::Sub(hn::ShiftRight<20>(hn::Add(hn::BitCast(du, a), random)), hn::Set(du, 120u << 3));
+  const auto is_sub = hn::RebindMask(du, hn::Lt(a, hn::Set(df, 0.015625f)));
+  return hn::Or(sign, hn::IfThenElse(is_sub, sub, normal));
+}
+
 // **4-bit pack**: two vectors of codes (even: the first of the pair) to lanes bytes at out. The unsigned map's
 // codes < 0 (Encode4Linear's of a negative x; kClamp) become 0, as do Encode4Signed's of y < -mids[14] on AVX2.
 template <bool kClamp>
@@ -318,8 +333,11 @@ class BlockEncoder {
   HWY_INLINE void vec(int64_t i) {
     const DF df;
     const auto xi = hn::Load(df, x_ + i);
-    VI c = codes_of<kM>(xi, encode_input(xi));
-    if (kM == kMomentFirst && sr_) c = stochastic(c, xi, i);
+    VI c;
+    if (K::stochastic_in_y && kM == kMomentFirst && sr_)  // no nearest code needed
+      c = hn::BitCast(DI(), fp8_encode_stochastic(encode_input(xi), state_round_bits_vec(key_, i)));
+    else c = codes_of<kM>(xi, encode_input(xi));
+    if (!K::stochastic_in_y && kM == kMomentFirst && sr_) c = stochastic(c, xi, i);
     constexpr bool kGuard = kM == kMomentSecondSigned || (K::zero_code && kM == kMomentSecond);
     if (kGuard) {  // Codec::guard_zero
       const DI di;

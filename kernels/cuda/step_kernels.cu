@@ -324,6 +324,9 @@ __device__ __forceinline__ void store_codes(const Codec<K>& c, const EncodeTable
                                             uint32_t key) {
   static_assert(!VEC || (FULL && kWide), "vector stores serve kWide's full blocks");
   const auto code = [&](float v, int l) {  // Codec::encode, with the encode chosen by the build options
+    if constexpr (K::stochastic_in_y) {  // no nearest code needed
+      if (sr) return c.round_stochastic(0u, v, scale.scale, state_round_bits(key, uint32_t(l)));
+    }
     uint32_t q;
     if constexpr (K::code_bits == 4) {
       static_assert(K::entries == 16 && !K::reciprocal && !K::zero_code, "the encode in x serves a 4-bit map");

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,6 +89,34 @@ TEST_SUITE("unit") {
     for (uint32_t j = 0; j < 4096; ++j) next += c.round_stochastic(9, y, 1.0f, j << 20 | 0x80000u) == 10;
     CHECK(next >= 1020);
     CHECK(next <= 1028);
+  }
+
+  TEST_CASE("stochastic FP8 codes: up exactly where the random fraction and y's place reach the next code") {
+    // An independent reference in double: y's magnitude lies at fraction t of the step from the code below it
+    // (the largest e4m3 value <= |y|) to the next; R / 2^20 (R: the top 20 random bits) + t >= 1 takes the next.
+    // r values within 2^-19 of the boundary are skipped (the rule rounds y's place to 2^-20 of a step).
+    const Codec<KindFp8> c = host_codec<KindFp8>(kMomentFirst);
+    std::vector<double> mags;
+    for (uint32_t code = 0; code <= 0x7e; ++code) mags.push_back(double(KindFp8::decode_value(code, nullptr)));
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> exponent(-12.0f, 8.8f);
+    int checked = 0, bad = 0;
+    for (int n = 0; n < 20000; ++n) {
+      const float y = (n & 1 ? -1.0f : 1.0f) * exp2f(exponent(rng));
+      const double a = std::min(fabs(double(y)), 448.0);
+      uint32_t lo = 0;
+      while (lo < 0x7e && mags[lo + 1] <= a) ++lo;
+      const double t = lo == 0x7e ? 0.0 : (a - mags[lo]) / (mags[lo + 1] - mags[lo]);
+      const uint32_t r = uint32_t(rng());
+      const double u = double(r >> 12) * 0x1p-20;
+      if (fabs(u + t - 1.0) < 0x1p-19) continue;
+      const uint32_t want = (y < 0 ? 0x80u : 0u) | (u + t >= 1.0 ? lo + 1 : lo);
+      ++checked;
+      if (c.round_stochastic(0, y, 1.0f, r) != want && bad++ < 5)
+        MESSAGE("y = " << y << " r = " << r << " want " << want << " got " << c.round_stochastic(0, y, 1.0f, r));
+    }
+    CHECK(checked > 19000);
+    CHECK(bad == 0);
   }
 
   TEST_CASE("state_round_bits: uniform top bits, and other bits for each state, step and block") {
