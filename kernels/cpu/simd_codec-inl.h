@@ -223,9 +223,7 @@ HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
 HWY_INLINE VU state_round_bits_vec(uint32_t key, int64_t i0) {
   const DU du;
   // (i0 + j) g + key as j g, a constant, plus one broadcast
-  const auto h = hn::Add(hn::Mul(hn::Iota(du, 0u), hn::Set(du, 0x9E3779B9u)),
-                         hn::Set(du, key + uint32_t(i0) * 0x9E3779B9u));
-  return hn::Mul(hn::Xor(h, hn::ShiftRight<16>(h)), hn::Set(du, 0x85EBCA6Bu));
+  return hn::Add(hn::Mul(hn::Iota(du, 0u), hn::Set(du, 0x9E3779B9u)), hn::Set(du, key + uint32_t(i0) * 0x9E3779B9u));
 }
 
 // Codec::decode of each lane's code in a block of scale `scale` (4-bit: `scaled`, scale_table's table of it), and
