@@ -79,15 +79,17 @@ struct Codec {
 };
 
 // The random bits of stochastic code rounding for the elements of one block of one state: a key per (seed, step,
-// state, block) from random_bits, then per element (its index i in the block) the Weyl sequence key + i * 2^32 /
-// phi. Over steps an element's bits are its step's key plus a constant, as uniform and independent as the keys;
-// within a block they are the golden-ratio sequence, spread evenly over [0, 2^32), so a block's elements at one
-// fraction of a step round up in nearly that proportion. No per-element mixing: a multiply of 32-bit lanes after a
-// xorshift cost a fifth of the rounding's time on AVX-512. The same bits whatever the thread split or backend.
+// state, block) from random_bits, then per element (its index i in the block) a Weyl sequence, one xorshift and
+// one multiply (the first round of murmur3's finalizer), which vectors compute lane by lane. round_stochastic
+// reads the top 24 bits, which the multiply makes depend on every bit of its input. The same bits whatever the
+// thread split or backend.
 LBOPT_HD uint32_t state_round_key(uint64_t seed, int64_t step, int state, int64_t block) {
   return uint32_t(random_bits(seed ^ (uint64_t(state + 1) * 0x2545F4914F6CDD1Dull), uint64_t(step), uint64_t(block)));
 }
-LBOPT_HD uint32_t state_round_bits(uint32_t key, uint32_t i) { return key + i * 0x9E3779B9u; }
+LBOPT_HD uint32_t state_round_bits(uint32_t key, uint32_t i) {
+  const uint32_t h = key + i * 0x9E3779B9u;
+  return (h ^ (h >> 16)) * 0x85EBCA6Bu;
+}
 
 // How block `block` of state `state` rounds its codes: stochastically, with its state_round_key, where the step
 // asks for it (state_sr, StepPlan::stochastic_states) and the state is a first moment; else to nearest.

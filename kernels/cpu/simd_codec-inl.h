@@ -179,6 +179,17 @@ HWY_INLINE VU fp8_encode_stochastic(VF y, VU r) {
   return hn::Or(sign, hn::IfThenElse(is_sub, sub, normal));
 }
 
+// The low byte of each lane, stored in lane order. On AVX-512 one vpmovdb: Highway 1.0.3's TruncateTo to bytes
+// permutes 32-bit lanes where it means bytes on AVX3_DL (its VBMI branch), which stored every 8-bit and FP8 code
+// of a -march=native build on such a CPU wrong.
+HWY_INLINE void store_low_bytes(VU v, uint8_t* out) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(v.raw));
+#else
+  hn::StoreU(hn::TruncateTo(DU8(), v), DU8(), out);
+#endif
+}
+
 // **4-bit pack**: two vectors of codes (even: the first of the pair) to lanes bytes at out. The unsigned map's
 // codes < 0 (Encode4Linear's of a negative x; kClamp) become 0, as do Encode4Signed's of y < -mids[14] on AVX2.
 template <bool kClamp>
@@ -215,7 +226,7 @@ HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
     return hn::BitCast(du, hn::Or(pair, hn::ShiftRight<32>(pair)));
   };
   const auto bytes = hn::ConcatEven(du, pairs(odd), pairs(hn::Load(di, even)));
-  hn::StoreU(hn::TruncateTo(DU8(), bytes), DU8(), out);
+  store_low_bytes(bytes, out);
 #endif
 }
 
@@ -223,7 +234,9 @@ HWY_INLINE void pack4(const int32_t* even, VI odd, uint8_t* out) {
 HWY_INLINE VU state_round_bits_vec(uint32_t key, int64_t i0) {
   const DU du;
   // (i0 + j) g + key as j g, a constant, plus one broadcast
-  return hn::Add(hn::Mul(hn::Iota(du, 0u), hn::Set(du, 0x9E3779B9u)), hn::Set(du, key + uint32_t(i0) * 0x9E3779B9u));
+  const auto h = hn::Add(hn::Mul(hn::Iota(du, 0u), hn::Set(du, 0x9E3779B9u)),
+                         hn::Set(du, key + uint32_t(i0) * 0x9E3779B9u));
+  return hn::Mul(hn::Xor(h, hn::ShiftRight<16>(h)), hn::Set(du, 0x85EBCA6Bu));
 }
 
 // Codec::decode of each lane's code in a block of scale `scale` (4-bit: `scaled`, scale_table's table of it), and
@@ -347,7 +360,7 @@ class BlockEncoder {
       if (kOdd) pack4<kM == kMomentSecond>(even_, c, codes_ + ((i - int64_t(hn::Lanes(df))) >> 1));
       else hn::Store(c, DI(), even_);
     } else {
-      hn::StoreU(hn::TruncateTo(DU8(), hn::BitCast(DU(), c)), DU8(), codes_ + i);
+      store_low_bytes(hn::BitCast(DU(), c), codes_ + i);
     }
   }
 

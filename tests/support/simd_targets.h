@@ -21,13 +21,14 @@ auto with_portable_kernels(const F& f) {
   return result;
 }
 
-// f(name) once per supported instruction set among AVX3, AVX2, SSE4 and NEON, with the dispatch forced to it;
-// checks that at least one ran.
+// f(name) once per supported instruction set among AVX3_DL, AVX3, AVX2, SSE4 and NEON, with the dispatch forced to
+// it; checks that at least one ran.
 template <class F>
 void for_each_simd_target(const F& f) {
   const int64_t supported = hwy::SupportedTargets();
   int tried = 0;
-  for (int64_t target : {int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_SSE4), int64_t(HWY_NEON)}) {
+  for (int64_t target :
+       {int64_t(HWY_AVX3_DL), int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_SSE4), int64_t(HWY_NEON)}) {
     if (!(supported & target)) continue;
     hwy::SetSupportedTargetsForTest(target);
     const std::string name = hwy::TargetName(target);
