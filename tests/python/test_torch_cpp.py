@@ -1,7 +1,8 @@
 """lbopt::torch's C++ optimizers (bindings/cpp/lbopt/torch.hpp) against lbopt.torch's, bit for bit: the same init,
 grads and changing lr sequence stepped by a Python class and by its C++ namesake (torch_optim_host replay, built
 next to the library where libtorch is found; LBOPT_TORCH_OPTIM_HOST names another build of it) give equal params
-and states (codes, scales, step counts), for every class, with defaults and with their settings and flags on."""
+and states (codes, scales, step counts), for every class, with defaults and with their settings and flags on. Muon's
+classes run their Newton-Schulz iteration, lr adjustment and weight decay in torch on both sides (2-D params only)."""
 import os
 import pathlib
 import subprocess
@@ -21,6 +22,9 @@ FAMILIES = {
     "AdEMAMix": ["AdEMAMix4bit", "AdEMAMix8bit", "AdEMAMixFp8", "AdEMAMix"],
 }
 CLASSES = [(family, name) for family, names in FAMILIES.items() for name in names]
+MUON = ["Muon4bit", "Muon8bit", "MuonFp8", "Muon"]
+# Matrices only, one of them tall (the iteration runs on its transpose); large enough for the first 4-bit block.
+MUON_SHAPES = [(64, 72), (129, 3)]
 
 # Each family's settings turned away from their defaults (lbopt.torch's keyword arguments).
 SETTINGS = {
@@ -30,8 +34,11 @@ SETTINGS = {
     "Lion": dict(betas=(0.95, 0.98), weight_decay=0.1),
     "AdEMAMix": dict(betas=(0.8, 0.99, 0.999), alpha=3.0, t_alpha=4, t_beta3=4, weight_decay=0.05),
 }
+MUON_SETTINGS = dict(weight_decay=0.05, momentum=0.9, nesterov=False, ns_steps=4, eps=1e-5,
+                     adjust_lr_fn="match_rms_adamw", ns_coefficients=(3.0, -4.0, 1.5))
 # The flags every optimizer reads, and the seed that keys their stochastic rounding.
 FLAGS = dict(maximize=True, bf16_stochastic_round=True, state_stochastic_round=False, seed=12345)
+MUON_FLAGS = {k: v for k, v in FLAGS.items() if k != "bf16_stochastic_round"}  # torch rounds Muon's params
 LRS = [1e-2, 2e-2, 5e-3, 1.5e-2, 8e-3, 1.2e-2, 3e-3]
 # torch::pickle_save writes typed dicts and lists with these, which torch.load's weights_only refuses by default
 _PICKLE_BUILDERS = [torch.jit._pickle.restore_type_tag, torch.jit._pickle.build_tensorlist,
@@ -56,6 +63,10 @@ def cpp_options(kwargs):
     for key, value in kwargs.items():
         if key == "betas":
             out.update({f"beta{i + 1}": float(b) for i, b in enumerate(value)})
+        elif key == "ns_coefficients":
+            out.update({f"ns_{c}": float(x) for c, x in zip("abc", value)})
+        elif isinstance(value, str):  # Muon's adjust_lr_fn
+            out[key] = value
         elif key == "state_stochastic_round":
             out["state_stochastic_round" if value else "state_nearest_round"] = 1.0
         elif key in ("seed", "min_quant_size"):
@@ -195,3 +206,28 @@ def test_params_in_other_memory_orders(tmp_path, name):
     grads = [[g[0].t().contiguous(), g[1]] for g in grads]
     _, states = check(tmp_path, name, params, grads, dict(SETTINGS[family], min_quant_size=0))
     assert states[0]["dim_order"] == (1, 0) and states[1]["dim_order"] == (0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("name", MUON)
+def test_muon_defaults(tmp_path, name):
+    params, grads = make_run(MUON_SHAPES, seed=6)
+    py_params, _ = check(tmp_path, name, params, grads, dict(min_quant_size=0))
+    assert not any(torch.equal(a, b) for a, b in zip(py_params, params))
+
+
+@pytest.mark.parametrize("name", MUON)
+def test_muon_settings_and_flags_bf16(tmp_path, name):
+    params, grads = make_run(MUON_SHAPES, dtype=torch.bfloat16, steps=7, seed=7)
+    check(tmp_path, name, params, grads, dict(MUON_SETTINGS, **MUON_FLAGS, min_quant_size=0))
+
+
+@pytest.mark.parametrize("name", ["Muon4bit", "MuonFp8"])
+def test_muon_param_groups_and_memory_order(tmp_path, name):
+    """Groups with their own torch settings and library fields, and a transposed param: its direction and states
+    follow its memory order, its row-major grads are copied into it."""
+    params, grads = make_run([(64, 72), (129, 3), (40, 130)], seed=8)
+    params[1] = params[1].t().contiguous().t()
+    own = dict(weight_decay=0.2, momentum=0.8, adjust_lr_fn="spectral_unclamped")
+    groups = [{"params": [0, 2], "options": {}}, {"params": [1], "options": own}]
+    _, states = check(tmp_path, name, params, grads, dict(min_quant_size=0), groups=groups)
+    assert states[1]["dim_order"] == (1, 0)

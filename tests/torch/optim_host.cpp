@@ -1,7 +1,8 @@
 // lbopt::torch's optimizers (bindings/cpp/lbopt/torch.hpp) from a C++ program alone, no Python: every class trains
 // a tiny model; a checkpoint saved with torch::save and loaded with torch::load into fresh params and a fresh
 // optimizer resumes bit for bit; a refused step throws the library's message and writes nothing; unknown option
-// names and mismatched checkpoints are refused; group options and LR schedulers work as in libtorch.
+// names and mismatched checkpoints are refused; group options and LR schedulers work as in libtorch; Muon refuses
+// what lbopt.torch's refuses, and keeps its torch settings through param groups and checkpoints.
 //
 // usage: torch_optim_host                      run the checks; exit 0 when all pass
 //        torch_optim_host replay IN.pt OUT.pt  step a run Python wrote with torch.save (tests/python/
@@ -51,7 +52,9 @@ const std::vector<Class>& classes() {
       class_of<lt::Lion8bit>("Lion8bit"),       class_of<lt::LionFp8>("LionFp8"),
       class_of<lt::Lion>("Lion"),               class_of<lt::AdEMAMix4bit>("AdEMAMix4bit"),
       class_of<lt::AdEMAMix8bit>("AdEMAMix8bit"), class_of<lt::AdEMAMixFp8>("AdEMAMixFp8"),
-      class_of<lt::AdEMAMix>("AdEMAMix")};
+      class_of<lt::AdEMAMix>("AdEMAMix"),       class_of<lt::Muon4bit>("Muon4bit"),
+      class_of<lt::Muon8bit>("Muon8bit"),       class_of<lt::MuonFp8>("MuonFp8"),
+      class_of<lt::Muon>("Muon")};
   return all;
 }
 
@@ -60,6 +63,9 @@ const Class* find_class(const std::string& name) {
     if (c.name == name) return &c;
   return nullptr;
 }
+
+// Muon steps 2-D params only, and its params are updated in torch (no bf16 stochastic rounding).
+bool is_muon(const Class& c) { return c.name.starts_with("Muon"); }
 
 int failures = 0;
 
@@ -76,6 +82,7 @@ void expect(bool ok, const std::string& what) {
 double lr_for(const std::string& name) {
   if (name.starts_with("Lion")) return 3e-3;
   if (name.starts_with("SGD")) return 0.1;
+  if (name.starts_with("Muon")) return 2e-2;
   return 1e-2;
 }
 
@@ -83,7 +90,9 @@ double lr_for(const std::string& name) {
 
 void check_training(const Class& c) {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 1));
+  const bool bias = !is_muon(c);  // Muon: weights only
+  torch::nn::Sequential model(torch::nn::Linear(torch::nn::LinearOptions(8, 32).bias(bias)), torch::nn::Tanh(),
+                              torch::nn::Linear(torch::nn::LinearOptions(32, 1).bias(bias)));
   const torch::Tensor x = torch::randn({64, 8}), y = torch::sin(x.sum(1, true));
   auto opt = c.make({Groups::value_type(model->parameters())}, c.options().lr(lr_for(c.name)).min_quant_size(0));
   double first = 0.0, last = 0.0;
@@ -103,6 +112,21 @@ void check_training(const Class& c) {
 std::vector<torch::Tensor> initial_params() {
   torch::manual_seed(1);
   return {torch::randn({40, 130}), torch::randn({257}), torch::randn({3, 129}).to(torch::kBFloat16)};
+}
+
+// Muon's: 2-D, one of them tall (its Newton-Schulz iteration runs on the transpose).
+std::vector<torch::Tensor> initial_params(const Class& c) {
+  if (!is_muon(c)) return initial_params();
+  torch::manual_seed(1);
+  return {torch::randn({40, 130}), torch::randn({129, 3}), torch::randn({3, 129}).to(torch::kBFloat16)};
+}
+
+// Settings away from the defaults that a checkpoint must carry: the flag that keys stochastic rounding, or Muon's
+// torch settings.
+lt::Options resume_options(const Class& c) {
+  lt::Options o = c.options().min_quant_size(0).seed(7);
+  if (!is_muon(c)) return o.set("bf16_stochastic_round", 1);
+  return o.set("weight_decay", 0.05).set("ns_steps", 4).set("adjust_lr_fn", "match_rms_adamw");
 }
 
 // Grads that depend on the params, so that a resumed run that went astray diverges.
@@ -156,8 +180,8 @@ std::string temp_path(const std::string& name) {
 
 // 6 steps straight against 3, torch::save, fresh params and optimizer, torch::load, 3 more.
 void check_resume(const Class& c) {
-  const lt::Options options = c.options().min_quant_size(0).seed(7).set("bf16_stochastic_round", 1);
-  const std::vector<torch::Tensor> init = initial_params();
+  const lt::Options options = resume_options(c);
+  const std::vector<torch::Tensor> init = initial_params(c);
   std::vector<torch::Tensor> straight = clones(init), first = clones(init);
   auto opt_straight = c.make({Groups::value_type(straight)}, options);
   run_steps(*opt_straight, straight, 0, 6);
@@ -229,37 +253,40 @@ bool unchanged(const Snapshot& s, const lt::LowBitOptimizer& opt, const std::vec
 }
 
 // A step whose second group the library refuses throws its message, c10::ValueError, and writes nothing in
-// either group (nor creates a state, on a first step).
+// either group (nor creates a state, on a first step; nor, for Muon, updates a param in torch).
 template <class Break>
-void check_refused_step(int good_steps, const std::string& what, Break breaks) {
-  std::vector<torch::Tensor> params = clones(initial_params());
-  lt::AdamW4bit opt({Groups::value_type({params[0]}), Groups::value_type({params[1], params[2]})},
-                    lt::AdamW4bit::options(1e-2).min_quant_size(0));
-  run_steps(opt, params, 0, good_steps);
+void check_refused_step(const Class& c, int good_steps, const std::string& what, Break breaks) {
+  std::vector<torch::Tensor> params = clones(initial_params(c));
+  auto opt = c.make({Groups::value_type({params[0]}), Groups::value_type({params[1], params[2]})},
+                    c.options().lr(1e-2).min_quant_size(0));
+  run_steps(*opt, params, 0, good_steps);
   set_grads(params, good_steps);
-  const std::string expected = breaks(opt, params);
-  const Snapshot before = snapshot(opt, params);
+  const std::string expected = breaks(*opt, params);
+  const Snapshot before = snapshot(*opt, params);
   try {
-    opt.step();
-    expect(false, what + ": the step was not refused");
+    opt->step();
+    expect(false, c.name + ": " + what + ": the step was not refused");
   } catch (const c10::ValueError& e) {
-    expect(says(e, expected), what + ": the message \"" + text(e) + "\" lacks the library's \"" + expected + "\"");
+    expect(says(e, expected),
+           c.name + ": " + what + ": the message \"" + text(e) + "\" lacks the library's \"" + expected + "\"");
   }
-  expect(unchanged(before, opt, params), what + ": a refused step wrote a param or state");
+  expect(unchanged(before, *opt, params), c.name + ": " + what + ": a refused step wrote a param or state");
 }
 
 void check_refusals() {
-  for (int good : {0, 2}) {
-    const std::string when = good ? " after 2 steps" : " on the first step";
-    check_refused_step(good, "lr = -1 in the second group" + when, [](lt::LowBitOptimizer& opt, auto&) {
-      opt.param_groups()[1].options().set_lr(-1.0);
-      return library_message(lt::LowBitOptimizer::options_of(opt.param_groups()[1]), -1.0);
-    });
-    check_refused_step(good, "a grad of another shape" + when, [](lt::LowBitOptimizer&, auto& params) {
-      params[2].mutable_grad() = torch::zeros({5}, torch::kBFloat16);
-      return std::string("lbopt: a param of shape [3, 129]: slots[1]");
-    });
-  }
+  for (const char* name : {"AdamW4bit", "Muon8bit"})
+    for (int good : {0, 2}) {
+      const Class& c = *find_class(name);
+      const std::string when = good ? " after 2 steps" : " on the first step";
+      check_refused_step(c, good, "lr = -1 in the second group" + when, [](lt::LowBitOptimizer& opt, auto&) {
+        opt.param_groups()[1].options().set_lr(-1.0);
+        return library_message(lt::LowBitOptimizer::options_of(opt.param_groups()[1]), -1.0);
+      });
+      check_refused_step(c, good, "a grad of another shape" + when, [](lt::LowBitOptimizer&, auto& params) {
+        params[2].mutable_grad() = torch::zeros({3, 128}, torch::kBFloat16);
+        return std::string("lbopt: a param of shape [3, 129]: slots[1]");
+      });
+    }
   // options the library refuses are refused where they are set, or where the group is made
   try {
     lt::AdamW4bit::options().set("beta1", 1.5);
@@ -274,6 +301,56 @@ void check_refusals() {
   } catch (const c10::ValueError& e) {
     expect(says(e, "NESTEROV"), "nesterov: " + text(e));
   }
+}
+
+// What lbopt.torch's Muon refuses: params that are not matrices (where a group is made or added), the flags that
+// torch's update cannot honour, and torch settings out of range; each where it is given.
+template <class Use>
+void expect_refused(const std::string& what, const std::string& message, Use use) {
+  try {
+    use();
+    expect(false, "Muon: " + what + " was accepted");
+  } catch (const c10::ValueError& e) {
+    expect(says(e, message), "Muon: " + what + ": " + text(e));
+  }
+}
+
+void check_muon_refusals() {
+  std::vector<torch::Tensor> params = clones(initial_params());
+  const std::string not_2d = "Muon only supports 2D parameters whereas we found a parameter with size: [257]";
+  expect_refused("a 1-D param", not_2d, [&] { lt::Muon4bit opt(params); });
+  expect_refused("a group of a 1-D param", not_2d, [&] {
+    lt::Muon opt({params[0]});
+    opt.add_param_group(Groups::value_type({params[1]}));
+  });
+  for (const char* flag : {"bf16_stochastic_round", "skip_nonfinite"})
+    expect_refused(flag, "is not supported by", [&] { lt::Muon::options().set(flag, 1); });
+  expect_refused("weight_decay = -1", "weight decay should be >= 0",
+                 [] { lt::Muon::options().set("weight_decay", -1.0); });
+  expect_refused("ns_steps = 100", "less than 100", [] { lt::Muon::options().set("ns_steps", 100); });
+  expect_refused("ns_steps = 2.5", "whole number", [] { lt::Muon::options().set("ns_steps", 2.5); });
+  expect_refused("adjust_lr_fn = cubic", "Adjust learning rate function cubic is not supported",
+                 [] { lt::Muon::options().set("adjust_lr_fn", "cubic"); });
+  try {
+    lt::Muon::options().set("adjust_lr_fn", 1.0);
+    expect(false, "Muon: a number for adjust_lr_fn was accepted");
+  } catch (const c10::TypeError&) {
+  }
+}
+
+// A group's torch settings override the defaults in what they set, as its library fields do.
+void check_muon_groups() {
+  std::vector<torch::Tensor> params = clones(initial_params(*find_class("Muon")));
+  lt::Muon opt({Groups::value_type({params[0]}),
+                Groups::value_type({params[1]}, std::make_unique<lt::Options>(
+                                                    lt::Muon::options().set("adjust_lr_fn", "original")))},
+               lt::Muon::options(2e-3).set("weight_decay", 0.2).set("adjust_lr_fn", "spectral_unclamped"));
+  const auto& o0 = lt::LowBitOptimizer::options_of(opt.param_groups()[0]);
+  const auto& o1 = lt::LowBitOptimizer::options_of(opt.param_groups()[1]);
+  expect(o0.get("weight_decay") == 0.2 && o0.get_string("adjust_lr_fn") == "spectral_unclamped" &&
+             o0.get("nesterov") == 1 && o0.get("ns_steps") == 5,
+         "Muon: group 0 lacks the defaults");
+  expect(o1.get("weight_decay") == 0.2 && o1.get_string("adjust_lr_fn") == "original", "Muon: group 1's settings");
 }
 
 // A name the optimizer does not read throws the library's message (which lists those it reads).
@@ -329,12 +406,13 @@ double number(const c10::IValue& v) {
   return v.isInt() ? double(v.toInt()) : v.toDouble();
 }
 
-// Settings by name: seed, min_quant_size, or a name of the optimizer's options.
+// Settings by name: seed, min_quant_size, or a name of the optimizer's options (a string for a choice).
 void apply(lt::Options& options, const c10::impl::GenericDict& settings) {
   for (const auto& entry : settings) {
     const std::string name = entry.key().toStringRef();
     if (name == "seed") options.seed(uint64_t(entry.value().toInt()));
     else if (name == "min_quant_size") options.min_quant_size(entry.value().toInt());
+    else if (entry.value().isString()) options.set(name, entry.value().toStringRef());
     else options.set(name, number(entry.value()));
   }
 }
@@ -418,6 +496,8 @@ int main(int argc, char** argv) {
   }
   check_load_mismatch();
   check_refusals();
+  check_muon_refusals();
+  check_muon_groups();
   check_unknown_names();
   check_groups();
   if (failures) {

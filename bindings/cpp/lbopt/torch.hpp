@@ -1,7 +1,8 @@
 // lbopt's optimizers for libtorch C++ programs: torch::optim::Optimizer subclasses with the names and defaults of
-// lbopt.torch's (AdamW4bit ... AdEMAMix), stepping every param group through lbopt_step on DLPack views of the
-// tensors, with no Python at run time. Given the same params, grads and lr sequence they give the same params
-// and states as lbopt.torch, bit for bit: they pass the library the same config, seed, slots and step counts.
+// lbopt.torch's (AdamW4bit ... AdEMAMix, Muon4bit ... Muon), stepping every param group through lbopt_step on
+// DLPack views of the tensors, with no Python at run time. Given the same params, grads and lr sequence they give
+// the same params and states as lbopt.torch, bit for bit: they pass the library the same config, seed, slots and
+// step counts (and Muon runs the same ATen operations after it).
 //
 // Header-only: a program includes it and links liblbopt and libtorch, built with libtorch's flags (C++20, its
 // _GLIBCXX_USE_CXX11_ABI). Define LBOPT_TORCH_CUDA=1 where libtorch has CUDA, so that CUDA steps run on the current
@@ -14,7 +15,8 @@
 //
 // Options name the optimizer's hyper-parameters and flags as the library does (lbopt_optimizer_fields, and the
 // flags every optimizer reads): this header never lists them, so a field the library adds is served as it is.
-// Muon is not here: its update needs torch.optim.Muon's Newton-Schulz iteration, which lbopt.torch runs in torch.
+// Muon's update runs partly in torch, as in lbopt.torch: its settings there are the only ones named here
+// (detail::settings_of).
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -30,8 +32,11 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -168,13 +173,65 @@ inline void* stream_of(const c10::Device& device) {
   return nullptr;
 }
 
+// A setting the binding reads itself, for the part of an update that runs in torch: the library has no field for
+// it. A number, or a string for a choice; check refuses a value with lbopt.torch's message.
+struct Setting {
+  std::string name;
+  c10::IValue value;
+  void (*check)(const c10::IValue& value);
+};
+
+inline void any_number(const c10::IValue&) {}
+
+inline void muon_weight_decay(const c10::IValue& v) {
+  TORCH_CHECK_VALUE(v.toDouble() >= 0.0, "weight decay should be >= 0 but is: ", v.toDouble());
+}
+
+// A count of iterations: range(ns_steps) in Python, which needs a whole number.
+inline void muon_ns_steps(const c10::IValue& v) {
+  const double n = v.toDouble();
+  TORCH_CHECK_VALUE(!(n >= 100), "Number of steps must be less than 100 for computational efficiency");
+  TORCH_CHECK_VALUE(n >= 0 && n == std::floor(n), "lbopt: ns_steps must be a whole number >= 0, not ", n);
+}
+
+inline constexpr const char* kMuonAdjustLr[] = {"original", "match_rms_adamw", "spectral_unclamped"};
+
+inline void muon_adjust_lr_fn(const c10::IValue& v) {
+  const std::string& fn = v.toStringRef();
+  TORCH_CHECK_VALUE(std::find(std::begin(kMuonAdjustLr), std::end(kMuonAdjustLr), fn) != std::end(kMuonAdjustLr),
+                    "Adjust learning rate function ", fn, " is not supported");
+}
+
+// The settings of an optimizer that run in torch, with lbopt.torch's defaults: only Muon's Newton-Schulz iteration
+// (ns_coefficients as ns_a, ns_b, ns_c), its lr adjustment and its decoupled weight decay.
+inline std::vector<Setting> settings_of(lbopt_optimizer optimizer) {
+  if (optimizer != LBOPT_OPTIMIZER_MUON) return {};
+  return {
+      {"weight_decay", 0.1, muon_weight_decay},
+      {"ns_a", 3.4445, any_number},
+      {"ns_b", -4.7750, any_number},
+      {"ns_c", 2.0315, any_number},
+      {"eps", 1e-7, any_number},
+      {"ns_steps", 5.0, muon_ns_steps},
+      {"adjust_lr_fn", std::string("original"), muon_adjust_lr_fn},
+  };
+}
+
+// The library's flags the binding cannot honour: torch updates Muon's params, and neither rounds stochastically to
+// bfloat16 nor skips a non-finite grad.
+inline std::vector<std::string> refused_flags_of(lbopt_optimizer optimizer) {
+  if (optimizer != LBOPT_OPTIMIZER_MUON) return {};
+  return {"bf16_stochastic_round", "skip_nonfinite"};
+}
+
 }  // namespace detail
 
 // ---- options ---------------------------------------------------------------------------------------------------
 
-// The settings of a param group: the optimizer, its state kind, lr, seed, min_quant_size and the optimizer's
-// fields and flags by the library's names (a flag is 0 or 1). set() checks a value with the library's own rules
-// and messages; config() builds the lbopt_optimizer_config a step passes.
+// The settings of a param group: the optimizer, its state kind, lr, seed, min_quant_size, the optimizer's fields
+// and flags by the library's names (a flag is 0 or 1) and, for Muon, the settings of its update in torch
+// (detail::settings_of). set() checks a value with the library's own rules and messages (lbopt.torch's for the
+// torch settings); config() builds the lbopt_optimizer_config a step passes.
 //
 // Options remember what was set on them (the state kind and lr given to a constructor, every setter's call since),
 // so that a param group's options override the optimizer's defaults in exactly that, as a param group dict does
@@ -187,7 +244,9 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
   explicit Options(double lr) : Options(LBOPT_OPTIMIZER_ADAMW, LBOPT_STATE_4BIT, lr) {}
 
   Options(lbopt_optimizer optimizer, lbopt_state_kind kind, double lr)
-      : optimizer_(optimizer), values_(detail::defaults_of(optimizer)) {
+      : optimizer_(optimizer), values_(detail::defaults_of(optimizer)), own_(detail::settings_of(optimizer)) {
+    for (const detail::Setting& s : own_)  // the archive and set() tell the two apart by name
+      TORCH_INTERNAL_ASSERT(field_index(s.name) < 0, "lbopt: ", s.name, " is a library field and a torch setting");
     state_kind(kind);
     this->lr(lr);
   }
@@ -224,23 +283,26 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
     return mark("min_quant_size");
   }
 
-  // A field or flag by its library name; a name this optimizer does not read, or a value out of its range, throws
-  // with the library's message.
-  Options& set(const std::string& name, double value) {
-    lbopt_optimizer_config scratch = detail::config_init(optimizer_);
-    detail::check(lbopt_optimizer_config_set(&scratch, name.c_str(), value));
-    *find(name) = value;
-    return mark(name);
-  }
+  // A field or flag by its library name, or a torch setting; a name this optimizer does not read, or a value out
+  // of its range, throws with the library's message.
+  Options& set(const std::string& name, double value) { return set_value(name, value); }
+  // A torch setting that is a choice of names (Muon's adjust_lr_fn).
+  Options& set(const std::string& name, const std::string& value) { return set_value(name, value); }
   double get(const std::string& name) const {
-    for (const auto& [n, v] : values_)
-      if (n == name) return v;
-    unknown(name);
+    const c10::IValue v = value_of(name);
+    TORCH_CHECK_TYPE(v.isDouble(), "lbopt: ", name, " is a name, not a number (get_string)");
+    return v.toDouble();
   }
-  // Every name set() and get() take, in the library's order.
+  std::string get_string(const std::string& name) const {
+    const c10::IValue v = value_of(name);
+    TORCH_CHECK_TYPE(v.isString(), "lbopt: ", name, " is a number, not a name (get)");
+    return v.toStringRef();
+  }
+  // Every name set() takes: the library's, in its order, then the torch settings.
   std::vector<std::string> names() const {
     std::vector<std::string> out;
     for (const auto& nv : values_) out.push_back(nv.first);
+    for (const detail::Setting& s : own_) out.push_back(s.name);
     return out;
   }
 
@@ -261,7 +323,7 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
       else if (name == "seed") out.seed(group.seed_);
       else if (name == "state_kind") out.state_kind(group.kind_);
       else if (name == "min_quant_size") out.min_quant_size(group.min_quant_size_);
-      else out.set(name, group.get(name));
+      else out.set_value(name, group.value_of(name));
     }
     return out;
   }
@@ -289,6 +351,7 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
     archive.write("seed", c10::IValue(int64_t(seed_)));  // the bits of the uint64
     archive.write("min_quant_size", c10::IValue(min_quant_size_));
     for (const auto& [name, value] : values_) archive.write(name, c10::IValue(value));
+    for (const detail::Setting& s : own_) archive.write(s.name, s.value);
   }
 
   void serialize(::torch::serialize::InputArchive& archive) override {
@@ -302,7 +365,7 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
     for (const std::string& key : archive.keys()) {
       if (key == "optimizer" || key == "state_kind" || key == "lr" || key == "seed" || key == "min_quant_size")
         continue;
-      loaded.set(key, read(archive, key).toDouble());  // a name this optimizer does not read throws
+      loaded.set_value(key, read(archive, key));  // a name this optimizer does not read throws
     }
     *this = std::move(loaded);
   }
@@ -313,10 +376,49 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
     return *this;
   }
 
-  double* find(const std::string& name) {
-    for (auto& nv : values_)
-      if (nv.first == name) return &nv.second;
+  // The index of a library name in values_, or of a torch setting in own_; -1 where there is none.
+  ptrdiff_t field_index(const std::string& name) const {
+    for (size_t i = 0; i < values_.size(); ++i)
+      if (values_[i].first == name) return ptrdiff_t(i);
+    return -1;
+  }
+  ptrdiff_t own_index(const std::string& name) const {
+    for (size_t i = 0; i < own_.size(); ++i)
+      if (own_[i].name == name) return ptrdiff_t(i);
+    return -1;
+  }
+
+  c10::IValue value_of(const std::string& name) const {
+    if (const ptrdiff_t i = own_index(name); i >= 0) return own_[size_t(i)].value;
+    if (const ptrdiff_t i = field_index(name); i >= 0) return values_[size_t(i)].second;
     unknown(name);
+  }
+
+  Options& set_value(const std::string& name, const c10::IValue& value) {
+    if (const ptrdiff_t i = own_index(name); i >= 0) return set_own(own_[size_t(i)], value);
+    const ptrdiff_t i = field_index(name);
+    if (i < 0) unknown(name);
+    TORCH_CHECK_TYPE(value.isDouble(), "lbopt: ", name, " takes a number");
+    check_supported(name, value.toDouble());
+    lbopt_optimizer_config scratch = detail::config_init(optimizer_);
+    detail::check(lbopt_optimizer_config_set(&scratch, name.c_str(), value.toDouble()));
+    values_[size_t(i)].second = value.toDouble();
+    return mark(name);
+  }
+
+  Options& set_own(detail::Setting& s, const c10::IValue& value) {
+    TORCH_CHECK_TYPE(value.isString() == s.value.isString(), "lbopt: ", s.name, " takes ",
+                     s.value.isString() ? "a name" : "a number");
+    s.check(value);
+    s.value = value;
+    return mark(s.name);
+  }
+
+  // A library flag turned on that the binding cannot honour for this optimizer (detail::refused_flags_of).
+  void check_supported(const std::string& name, double value) const {
+    const auto refused = detail::refused_flags_of(optimizer_);
+    TORCH_CHECK_VALUE(value == 0.0 || std::find(refused.begin(), refused.end(), name) == refused.end(), "lbopt: ",
+                      name, " is not supported by ", lbopt_optimizer_name(optimizer_), " (torch updates the params)");
   }
 
   // Throws the library's message for a name the optimizer does not read.
@@ -335,6 +437,7 @@ class Options : public ::torch::optim::OptimizerCloneableOptions<Options> {
   lbopt_optimizer optimizer_;
   lbopt_state_kind kind_ = LBOPT_STATE_4BIT;
   std::vector<std::pair<std::string, double>> values_;  // every name the config takes, in the library's order
+  std::vector<detail::Setting> own_;                    // the settings of the optimizer's update in torch
   double lr_;
   uint64_t seed_ = 0;
   int64_t min_quant_size_ = 4096;
@@ -433,6 +536,7 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
     }
     options.validate();
     check_unique(group.params());
+    check_params(group.params());
     Optimizer::add_param_group(OptimizerParamGroup(group.params()));
     param_groups_.back().set_options(std::make_unique<Options>(std::move(options)));
   }
@@ -464,6 +568,7 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
     for (auto& group : param_groups_) plan_group(group, pending, calls);
     for (Call& call : calls) call.build();
     run(calls, pending);
+    finish(calls);
     return loss;
   }
 
@@ -486,16 +591,14 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
     state_ = std::move(loaded.state_);
   }
 
- private:
-  // New states of this step, committed once the first call has run (a refused step creates none).
-  using Pending = std::vector<std::pair<void*, std::unique_ptr<ParamState>>>;
-
+ protected:
   // One lbopt_step: the params of one group with states of one kind on one device, in the group's order.
   struct Call {
     // The config and lr of this step of the group's options.
     Call(c10::Device device, lbopt_state_kind kind, const Options& options, std::vector<std::string> names)
         : device(device),
           kind(kind),
+          group(&options),
           config(options.config(kind)),
           lr(options.get_lr()),
           read_skipped(options.get("skip_nonfinite") != 0.0),
@@ -503,11 +606,13 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
 
     c10::Device device;
     lbopt_state_kind kind;
+    const Options* group;  // the group's options, which outlive the step
     lbopt_optimizer_config config;
     double lr;
     bool read_skipped;  // only a skip holds a step count back; reading the flags from a GPU synchronizes
     std::vector<std::string> state_names;
     std::vector<at::Tensor> params, grads;
+    std::vector<at::Tensor> targets;  // what each slot's param points to (slot_param)
     std::vector<ParamState*> states;
     std::vector<DLTensor> views;
     std::vector<lbopt_slot> slots;
@@ -523,7 +628,7 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
       for (size_t i = 0; i < n; ++i) {
         lbopt_slot& slot = slots[i];
         slot.struct_size = sizeof(lbopt_slot);
-        slot.param = add(params[i]);
+        slot.param = add(targets[i]);
         slot.grad = add(grads[i]);
         for (size_t s = 0; s < k; ++s) {
           slot.states[s].codes = add(states[i]->codes(state_names[s]));
@@ -565,6 +670,18 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
       detail::check(status);
     }
   };
+
+  // Refuses params this optimizer cannot step, where a group is added (none: the library judges them per step).
+  virtual void check_params(const std::vector<at::Tensor>&) const {}
+  // The tensor the library steps in p's slot, after p's checks: p itself, which the step updates; Muon's is a
+  // direction the library writes and finish() applies.
+  virtual at::Tensor slot_param(const at::Tensor& p) const { return p; }
+  // What a step does once every call has run (Muon's update in torch).
+  virtual void finish(std::vector<Call>&) {}
+
+ private:
+  // New states of this step, committed once the first call has run (a refused step creates none).
+  using Pending = std::vector<std::pair<void*, std::unique_ptr<ParamState>>>;
 
   // One call cannot write a param twice, and two groups would step it twice.
   void check_unique(const std::vector<at::Tensor>& params) const {
@@ -657,12 +774,14 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
     const size_t first = calls.size();
     for (const at::Tensor& p : group.params()) {
       if (!p.grad().defined()) continue;
+      at::Tensor target = slot_param(p);
       ParamState* st = state_for(p, options, names, pending);
       Call* call = nullptr;
       for (size_t i = first; i < calls.size() && !call; ++i)
         if (calls[i].device == p.device() && calls[i].kind == st->state_kind()) call = &calls[i];
       if (!call) call = &calls.emplace_back(p.device(), st->state_kind(), options, names);
       call->params.push_back(p);
+      call->targets.push_back(std::move(target));
       call->grads.push_back(grad_for(p));
       call->states.push_back(st);
     }
@@ -750,35 +869,121 @@ class LowBitOptimizer : public ::torch::optim::Optimizer {
   }
 };
 
+// ---- Muon ------------------------------------------------------------------------------------------------------
+
+// Muon (Jordan et al. 2024) as lbopt.torch's LowBitMuon: the library moves each param's momentum and writes its
+// update direction into a fresh bfloat16 tensor (2 bytes per param while a step runs); then torch.optim.Muon's
+// Newton-Schulz iteration, decoupled weight decay and lr adjustment run in torch, in lbopt.torch's operations and
+// order, so that the params match it bit for bit. 2-D params only.
+class LowBitMuon : public LowBitOptimizer {
+ public:
+  // The groups are added here, not by LowBitOptimizer's constructor, so that check_params is Muon's.
+  LowBitMuon(const std::vector<OptimizerParamGroup>& groups, Options defaults)
+      : LowBitOptimizer(std::vector<OptimizerParamGroup>{}, std::move(defaults)) {
+    for (const auto& group : groups) add_param_group(group);
+  }
+
+  // torch.optim.Muon's orthogonalization of a bfloat16 matrix x, as lbopt.torch's _newton_schulz: x / max(|x|_F,
+  // eps), then steps of x <- a x + (b A + c A A) x with A = x x^T, on x or, for a tall matrix, its transpose.
+  static at::Tensor newton_schulz(at::Tensor x, double a, double b, double c, int64_t steps, double eps) {
+    const bool tall = x.size(0) > x.size(1);
+    if (tall) x = x.numpy_T();
+    x = x.div(at::linalg_vector_norm(x, 2).clamp(eps));  // Tensor.norm() is this vector_norm
+    for (int64_t k = 0; k < steps; ++k) {
+      const at::Tensor gram = at::matmul(x, x.numpy_T());
+      x = at::addmm(x, at::addmm(gram, gram, gram, b, c), x, a);
+    }
+    return tall ? x.numpy_T() : x;
+  }
+
+  // torch.optim.Muon's lr for a matrix of shape (A, B), in Python's double arithmetic: scaled by sqrt(max(1, A /
+  // B)) ("original"), 0.2 sqrt(max(A, B)) ("match_rms_adamw") or sqrt(A / B) ("spectral_unclamped").
+  static double adjusted_lr(double lr, const std::string& fn, at::IntArrayRef shape) {
+    const double rows = double(shape[0]), cols = double(shape[1]);
+    if (fn == "original") return lr * std::sqrt(std::max(1.0, rows / cols));
+    if (fn == "match_rms_adamw") return lr * 0.2 * std::sqrt(std::max(rows, cols));
+    return lr * std::sqrt(rows / cols);
+  }
+
+ protected:
+  void check_params(const std::vector<at::Tensor>& params) const override {
+    for (const at::Tensor& p : params)
+      TORCH_CHECK_VALUE(p.dim() == 2, "Muon only supports 2D parameters whereas we found a parameter with size: ",
+                        p.sizes());
+  }
+
+  // The direction's tensor, laid out as p (torch.empty_like), after torch.optim.Muon's checks of p and its grad.
+  at::Tensor slot_param(const at::Tensor& p) const override {
+    TORCH_CHECK(!p.is_complex(), "Muon does not support complex parameters");
+    TORCH_CHECK(!p.grad().is_sparse(), "Muon does not support sparse gradients");
+    TORCH_CHECK_VALUE(p.grad().dim() == 2, "Param gradient must be a 2D matrix");
+    return at::empty_like(p, at::TensorOptions().dtype(at::kBFloat16));
+  }
+
+  void finish(std::vector<Call>& calls) override {
+    for (Call& call : calls)
+      for (size_t i = 0; i < call.params.size(); ++i) update(call.params[i], call.targets[i], *call.group);
+  }
+
+ private:
+  // Python's 1 - lr * wd, rounded twice: a product the compiler may not fuse into the subtraction (GNU C++ contracts
+  // to a fused multiply-add by default where the target has one).
+  static double decay(double lr, double wd) {
+    volatile double product = lr * wd;
+    return 1.0 - product;
+  }
+
+  // lbopt.torch's step of p from its direction: the decay, then the orthogonalized direction at the adjusted lr.
+  static void update(at::Tensor& p, const at::Tensor& direction, const Options& o) {
+    const double lr = o.lr();
+    const at::Tensor u = newton_schulz(direction, o.get("ns_a"), o.get("ns_b"), o.get("ns_c"),
+                                       int64_t(o.get("ns_steps")), o.get("eps"));
+    p.mul_(decay(lr, o.get("weight_decay")));
+    p.add_(u, -adjusted_lr(lr, o.get_string("adjust_lr_fn"), p.sizes()));
+  }
+};
+
 // ---- the named optimizers --------------------------------------------------------------------------------------
 
 namespace detail {
 
-// lbopt.torch's classes' optimizer, default lr and the defaults in which they differ from the library's.
+// lbopt.torch's classes' optimizer, default lr, the defaults in which they differ from the library's, and the
+// class that steps them.
 struct AdamWPreset {
+  using Base = LowBitOptimizer;
   static constexpr lbopt_optimizer optimizer = LBOPT_OPTIMIZER_ADAMW;
   static constexpr double lr = 1e-3;
   static void apply(Options&) {}
 };
 struct AdamPreset {  // Adam: the decay coupled into the gradient (L2), none by default
+  using Base = LowBitOptimizer;
   static constexpr lbopt_optimizer optimizer = LBOPT_OPTIMIZER_ADAMW;
   static constexpr double lr = 1e-3;
   static void apply(Options& o) { o.set("adam", 1.0).set("weight_decay", 0.0); }
 };
 struct SGDPreset {  // torch.optim.SGD's momentum of 0
+  using Base = LowBitOptimizer;
   static constexpr lbopt_optimizer optimizer = LBOPT_OPTIMIZER_SGD;
   static constexpr double lr = 1e-3;
   static void apply(Options& o) { o.set("momentum", 0.0); }
 };
 struct LionPreset {
+  using Base = LowBitOptimizer;
   static constexpr lbopt_optimizer optimizer = LBOPT_OPTIMIZER_LION;
   static constexpr double lr = 1e-4;
   static void apply(Options&) {}
 };
 struct AdEMAMixPreset {
+  using Base = LowBitOptimizer;
   static constexpr lbopt_optimizer optimizer = LBOPT_OPTIMIZER_ADEMAMIX;
   static constexpr double lr = 1e-3;
   static void apply(Options&) {}
+};
+struct MuonPreset {  // torch.optim.Muon's Nesterov momentum
+  using Base = LowBitMuon;
+  static constexpr lbopt_optimizer optimizer = LBOPT_OPTIMIZER_MUON;
+  static constexpr double lr = 1e-3;
+  static void apply(Options& o) { o.set("nesterov", 1.0); }
 };
 
 }  // namespace detail
@@ -786,8 +991,9 @@ struct AdEMAMixPreset {
 // An optimizer of one kind. options() gives its defaults, with nothing set (see Options); options(lr) with lr
 // set, the start of a param group's options or of the defaults a constructor takes.
 template <class Preset, lbopt_state_kind Kind>
-class Fixed : public LowBitOptimizer {
+class Fixed : public Preset::Base {
  public:
+  using OptimizerParamGroup = ::torch::optim::OptimizerParamGroup;
   static Options options() {
     Options o(Preset::optimizer, Kind, Preset::lr);
     Preset::apply(o);
@@ -796,7 +1002,7 @@ class Fixed : public LowBitOptimizer {
   static Options options(double lr) { return options().lr(lr); }
 
   explicit Fixed(const std::vector<OptimizerParamGroup>& groups, Options defaults = options())
-      : LowBitOptimizer(groups, std::move(defaults)) {}
+      : Preset::Base(groups, std::move(defaults)) {}
   explicit Fixed(std::vector<at::Tensor> params, Options defaults = options())
       : Fixed(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 };
@@ -826,6 +1032,10 @@ LBOPT_TORCH_OPTIMIZER(AdEMAMix4bit, AdEMAMixPreset, LBOPT_STATE_4BIT)
 LBOPT_TORCH_OPTIMIZER(AdEMAMix8bit, AdEMAMixPreset, LBOPT_STATE_8BIT)
 LBOPT_TORCH_OPTIMIZER(AdEMAMixFp8, AdEMAMixPreset, LBOPT_STATE_FP8)
 LBOPT_TORCH_OPTIMIZER(AdEMAMix, AdEMAMixPreset, LBOPT_STATE_FP32)
+LBOPT_TORCH_OPTIMIZER(Muon4bit, MuonPreset, LBOPT_STATE_4BIT)
+LBOPT_TORCH_OPTIMIZER(Muon8bit, MuonPreset, LBOPT_STATE_8BIT)
+LBOPT_TORCH_OPTIMIZER(MuonFp8, MuonPreset, LBOPT_STATE_FP8)
+LBOPT_TORCH_OPTIMIZER(Muon, MuonPreset, LBOPT_STATE_FP32)
 #undef LBOPT_TORCH_OPTIMIZER
 
 }  // namespace lbopt::torch
