@@ -338,13 +338,19 @@ lbopt_status check_optimizer_fields(const lbopt_optimizer_config& c) {
   return LBOPT_OK;
 }
 
-lbopt_status check_config(const lbopt_optimizer_config* c) {
+// A config's size and optimizer, before anything reads its fields.
+lbopt_status check_config_header(const lbopt_optimizer_config* c) {
   if (!c) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
   if (c->struct_size != sizeof(lbopt_optimizer_config))
     return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use "
                 "lbopt_optimizer_config_init)", c->struct_size, sizeof(lbopt_optimizer_config));
   if (!lbopt_optimizer_name(c->optimizer))
     return fail(LBOPT_ERR_INVALID_VALUE, "config.optimizer = %d is not an lbopt_optimizer", int(c->optimizer));
+  return LBOPT_OK;
+}
+
+lbopt_status check_config(const lbopt_optimizer_config* c) {
+  LBOPT_TRY(check_config_header(c));
   LBOPT_TRY(validate_kind(c->state_kind, "config.state_kind"));
   if (c->flags & ~kKnownFlags)
     return fail(LBOPT_ERR_INVALID_VALUE, "config.flags = 0x%x has unknown bits 0x%x", c->flags,
@@ -519,13 +525,8 @@ lbopt_status validate_config(const lbopt_optimizer_config* config, double lr) {
 
 lbopt_status validate_config_set(const lbopt_optimizer_config* c, const char* name, double value,
                                  const ConfigField** field) {
-  if (!c) return fail(LBOPT_ERR_NULL_POINTER, "config: pointer is NULL");
+  LBOPT_TRY(check_config_header(c));
   if (!name) return fail(LBOPT_ERR_NULL_POINTER, "name: pointer is NULL");
-  if (c->struct_size != sizeof(lbopt_optimizer_config))
-    return fail(LBOPT_ERR_STRUCT_SIZE, "config.struct_size = %u, this library knows %zu (use "
-                "lbopt_optimizer_config_init)", c->struct_size, sizeof(lbopt_optimizer_config));
-  if (!lbopt_optimizer_name(c->optimizer))
-    return fail(LBOPT_ERR_INVALID_VALUE, "config.optimizer = %d is not an lbopt_optimizer", int(c->optimizer));
   return with_optimizer(int(c->optimizer),
                         [&](auto opt) { return check_config_set<decltype(opt)>(name, value, field); });
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lbopt.h"
+#include "lbopt/torch.hpp"
 
 namespace {
 
@@ -76,30 +77,7 @@ std::string schema_of(const lbopt_op_info& op) {
   return s + ") -> ()";
 }
 
-DLDataType dtype_of(c10::ScalarType st) {
-  const auto bits = uint8_t(c10::elementSize(st) * 8);
-  if (st == c10::ScalarType::BFloat16) return {kDLBfloat, bits, 1};
-  if (c10::isComplexType(st)) return {kDLComplex, bits, 1};
-  if (c10::isFloatingType(st)) return {kDLFloat, bits, 1};
-  if (st == c10::ScalarType::Bool) return {6, bits, 1};  // DLPack's kDLBool, which older dlpack.h lack
-  return {c10::isSignedType(st) ? uint8_t(kDLInt) : uint8_t(kDLUInt), bits, 1};
-}
-
-// A DLTensor view of a strided CPU or CUDA tensor; the library judges everything else (dtype, shape, strides).
-DLTensor view_of(const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.layout() == c10::kStrided, "lbopt: ", t.layout(),
-                   " tensors are not supported; gradients and params must be dense");
-  DLTensor v{};
-  if (t.device().is_cpu()) v.device = {kDLCPU, 0};
-  else if (t.device().is_cuda()) v.device = {kDLCUDA, t.device().index()};
-  else TORCH_CHECK_VALUE(false, "lbopt: tensors on ", t.device(), " are not supported (cpu or cuda)");
-  v.data = t.data_ptr();
-  v.ndim = int32_t(t.dim());
-  v.dtype = dtype_of(t.scalar_type());
-  v.shape = const_cast<int64_t*>(t.sizes().data());
-  v.strides = const_cast<int64_t*>(t.strides().data());
-  return v;
-}
+using lbopt::torch::detail::view_of;  // the C++ optimizers' DLPack view, one definition
 
 // The library's status as torch's exception of the same kind as lbopt.torch raises (TypeError, ValueError,
 // RuntimeError), with its message.

@@ -145,13 +145,15 @@ inline DLDataType dtype_of(c10::ScalarType st) {
   if (st == c10::ScalarType::BFloat16) return {kDLBfloat, bits, 1};
   if (c10::isComplexType(st)) return {kDLComplex, bits, 1};
   if (c10::isFloatingType(st)) return {kDLFloat, bits, 1};
+  if (st == c10::ScalarType::Bool) return {6, bits, 1};  // DLPack's kDLBool, which older dlpack.h lack
   return {c10::isSignedType(st) ? uint8_t(kDLInt) : uint8_t(kDLUInt), bits, 1};
 }
 
 // A DLTensor view of a strided CPU or CUDA tensor (no copy); the library judges its dtype, shape and strides.
+// The libtorch plugin's kernels take the same view.
 inline DLTensor view_of(const at::Tensor& t) {
   TORCH_CHECK_TYPE(t.layout() == c10::kStrided, "lbopt: ", t.layout(),
-                   " tensors are not supported; lbopt steps dense tensors");
+                   " tensors are not supported; gradients and params must be dense");
   DLTensor v{};
   if (t.device().is_cpu()) v.device = {kDLCPU, 0};
   else if (t.device().is_cuda()) v.device = {kDLCUDA, t.device().index()};
